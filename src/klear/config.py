@@ -1,0 +1,104 @@
+"""YAML recipes with ``key=value`` overrides.
+
+A recipe is a YAML mapping. ``load_config(path, overrides)`` reads it and applies overrides of the
+form ``a.b.c=value`` (the value is parsed as YAML, so ``3``, ``1e-6``, ``true``, ``null`` and
+``[1, 2]`` get their natural types). Unknown keys are caught by the code that consumes each
+section, which names the file and the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def find_config(name_or_path: str | Path) -> Path:
+    """Resolve a config: an existing path, or the name of a recipe shipped with klear (``rl_demo``).
+
+    Raises:
+        FileNotFoundError: neither exists; lists the shipped recipes.
+    """
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (CONFIG_DIR / path.name, CONFIG_DIR / f"{path.name}.yaml"):
+        if candidate.is_file():
+            return candidate
+    shipped = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"config {str(name_or_path)!r} not found (shipped recipes: {shipped})")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``"a.b=value"`` into ``(["a", "b"], parsed_value)``.
+
+    Raises:
+        ValueError: no ``=``, an empty key, or a value that is not valid YAML.
+    """
+    if "=" not in text:
+        raise ValueError(f"override {text!r} must look like key=value (e.g. trainer.learning_rate=1e-6)")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".")]
+    if not key.strip() or any(not p for p in parts):
+        raise ValueError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ValueError(f"override {text!r}: value is not valid YAML ({e})") from None
+    return parts, _coerce_numbers(value)
+
+
+_SCI = re.compile(r"^[+-]?\d+(\.\d*)?[eE][+-]?\d+$")
+
+
+def _coerce_numbers(obj: Any) -> Any:
+    """YAML 1.1 (PyYAML) reads ``1e-6`` (no dot) as a string; turn such scientific-notation strings into floats."""
+    if isinstance(obj, str) and _SCI.match(obj.strip()):
+        return float(obj)
+    if isinstance(obj, dict):
+        return {k: _coerce_numbers(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_coerce_numbers(v) for v in obj]
+    return obj
+
+
+def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a deep copy of ``config`` with each ``key=value`` override applied (creating sections as needed).
+
+    Raises:
+        ValueError: a malformed override, or one that descends into a non-mapping value.
+    """
+    out = copy.deepcopy(config)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            if part not in node or node[part] is None:
+                node[part] = {}
+            if not isinstance(node[part], dict):
+                raise ValueError(f"override {text!r}: {'.'.join(parts[: i + 1])} is not a section")
+            node = node[part]
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> tuple[dict[str, Any], Path]:
+    """Read a YAML recipe and apply overrides. Returns ``(config, resolved_path)``.
+
+    Raises:
+        FileNotFoundError: the recipe does not exist.
+        ValueError: the file is not a YAML mapping, or an override is malformed.
+    """
+    path = find_config(name_or_path)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(config).__name__}")
+    return apply_overrides(_coerce_numbers(config), overrides or []), path

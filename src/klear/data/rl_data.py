@@ -1,0 +1,526 @@
+"""RL prompt datasets in the verl RL layout.
+
+Every dataset built or loaded here is a ``datasets.Dataset`` with (at least) these columns:
+
+* ``prompt``: chat messages, a list of ``{"role": str, "content": str}``;
+* ``data_source``: str, selects the reward function (e.g. ``"math_reasoning_gym"``);
+* ``reward_model``: ``{"style": "rule", "ground_truth": str}``;
+* ``extra_info``: JSON-able dict with at least ``{"index": int, "split": str, "task": str}``;
+* ``prompt_id``: str, unique per problem within the dataset; the trainer groups the M
+  rollouts of one prompt by it (GRPO groups, spec Sec. 2).
+
+Two sources:
+
+* :func:`make_reasoning_gym_dataset` / :func:`make_train_and_heldout` generate procedural
+  problems with ``reasoning_gym`` (deterministic given the seed; the held-out questions are
+  excluded from training so nothing leaks);
+* :func:`load_rl_file` reads a verl-style JSONL or parquet file and validates every row.
+
+Ground truths are always strings. A ground truth given as a number is converted with
+``str`` (``3`` -> ``"3"``, ``2.5`` -> ``"2.5"``). A ground truth given as a LIST (several
+acceptable answers) is stored as its JSON text (``["1/2", "0.5"]`` -> ``'["1/2", "0.5"]'``),
+because an Arrow column needs one type; a reward function that supports several answers
+must ``json.loads`` a ground truth starting with ``[``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_INSTRUCTION = (
+    "Solve it step by step. At the end, write the final answer as a number inside \\boxed{}, "
+    "for example \\boxed{42}."
+)
+"""Instruction appended (after a blank line) to every reasoning-gym question.
+
+Chosen with ``benchmarks/select_demo_tasks.py`` on the embedded SmolLM2-135M-Instruct: with
+the plain "Put your final answer within \\boxed{}." the model often states the answer and then
+writes an EMPTY ``\\boxed{}``; naming a concrete example (``\\boxed{42}``) fills the box far
+more often.
+"""
+
+DEFAULT_DATA_SOURCE = "math_reasoning_gym"
+VALID_ROLES = ("system", "user", "assistant", "tool")
+
+__all__ = [
+    "DEFAULT_DATA_SOURCE",
+    "DEFAULT_INSTRUCTION",
+    "build_user_message",
+    "load_rl_dataset",
+    "load_rl_file",
+    "make_reasoning_gym_dataset",
+    "make_train_and_heldout",
+]
+
+
+# --------------------------------------------------------------------------- reasoning gym
+
+def build_user_message(question: str, instruction: str | None = DEFAULT_INSTRUCTION) -> str:
+    """The user message for one problem: the question, a blank line, then the instruction.
+
+    Args:
+        question: the problem text.
+        instruction: appended after a blank line; ``None`` or ``""`` means the question alone.
+
+    Returns:
+        The message text.
+    """
+    question = question.strip()
+    if not instruction:
+        return question
+    return f"{question}\n\n{instruction.strip()}"
+
+
+def _normalise_tasks(tasks: Sequence[Mapping[str, Any]]) -> list[dict]:
+    if isinstance(tasks, (str, Mapping)) or not isinstance(tasks, Sequence) or len(tasks) == 0:
+        raise ValueError("tasks must be a non-empty list of {'name', 'weight', 'config'} dicts")
+    out = []
+    for i, task in enumerate(tasks):
+        if not isinstance(task, Mapping):
+            raise ValueError(f"tasks[{i}] must be a dict with 'name', optional 'weight' and 'config', got {task!r}")
+        unknown = set(task) - {"name", "weight", "config"}
+        if unknown:
+            raise ValueError(f"tasks[{i}] has unknown keys {sorted(unknown)} (allowed: name, weight, config)")
+        name = task.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tasks[{i}]: 'name' must be a reasoning_gym dataset name, got {name!r}")
+        weight = task.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"tasks[{i}] ({name}): 'weight' must be a positive number, got {weight!r}")
+        config = task.get("config") or {}
+        if not isinstance(config, Mapping):
+            raise ValueError(f"tasks[{i}] ({name}): 'config' must be a dict of generator kwargs, got {config!r}")
+        if {"size", "seed"} & set(config):
+            raise ValueError(f"tasks[{i}] ({name}): 'config' must not set 'size' or 'seed' (they are arguments)")
+        out.append({"name": name, "weight": float(weight), "config": dict(config)})
+    return out
+
+
+def _split_counts(size: int, weights: Sequence[float]) -> list[int]:
+    """Largest-remainder apportionment of ``size`` proportional to ``weights`` (ties -> earlier task)."""
+    total = sum(weights)
+    quotas = [size * w / total for w in weights]
+    counts = [int(math.floor(q)) for q in quotas]
+    rest = size - sum(counts)
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[:rest]:
+        counts[i] += 1
+    return counts
+
+
+def _sub_seed(seed: int, task_index: int, name: str) -> int:
+    """A per-task generator seed, far apart for different (seed, task) pairs."""
+    digest = hashlib.sha256(f"klear/{seed}/{task_index}/{name}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def _generate_task(name: str, config: dict, count: int, seed: int, excluded: set[str]) -> list[tuple[int, dict]]:
+    """``count`` distinct reasoning-gym entries of one task whose questions are not in ``excluded``.
+
+    Returns (generator index, entry) pairs. Adds each taken question to ``excluded``.
+    """
+    import reasoning_gym
+
+    if count == 0:
+        return []
+    budget = 20 * count + 200  # candidates tried before giving up
+    try:
+        generator = reasoning_gym.create_dataset(name, size=budget, seed=seed, **config)
+    except Exception as exc:  # unknown name, bad config
+        raise ValueError(f"reasoning_gym task {name!r} with config {config!r} could not be created: {exc}") from exc
+    taken: list[tuple[int, dict]] = []
+    for idx in range(budget):
+        entry = generator[idx]
+        question = entry["question"]
+        if question in excluded:
+            continue
+        excluded.add(question)
+        taken.append((idx, entry))
+        if len(taken) == count:
+            return taken
+    raise ValueError(
+        f"reasoning_gym task {name!r} with config {config!r}: only {len(taken)} distinct questions "
+        f"(not excluded) in {budget} generated, {count} needed; the problem space is too small "
+        f"for this size: enlarge the config (more digits/terms) or ask for fewer problems"
+    )
+
+
+def make_reasoning_gym_dataset(
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    size: int,
+    seed: int,
+    split: str = "train",
+    data_source: str = DEFAULT_DATA_SOURCE,
+    instruction: str | None = DEFAULT_INSTRUCTION,
+    exclude_questions: Iterable[str] | None = None,
+):
+    """Generate a procedural RL prompt set from a (weighted) mix of reasoning-gym tasks.
+
+    Each task gets ``round(size * weight / sum(weights))`` problems (largest-remainder
+    rounding, so the counts sum to exactly ``size``), generated with
+    ``reasoning_gym.create_dataset(name, size=..., seed=<per-task seed derived from seed>, **config)``.
+    Questions are distinct within the dataset and never in ``exclude_questions``; duplicates
+    and excluded questions are skipped and more problems are generated to keep the exact
+    size. Rows are shuffled (deterministically) so that tasks interleave. The same arguments
+    always give the same dataset.
+
+    Args:
+        tasks: list of ``{"name": reasoning_gym dataset name, "weight": float > 0 (default 1),
+            "config": dict of the generator's kwargs (not size/seed)}``.
+        size: number of problems (>= 1).
+        seed: generation seed.
+        split: stored in ``extra_info["split"]`` and in the ``prompt_id``.
+        data_source: the ``data_source`` column (selects the reward function).
+        instruction: appended to each question after a blank line (see
+            :data:`DEFAULT_INSTRUCTION`); ``None``/``""`` for the bare question.
+        exclude_questions: raw question strings (as reasoning-gym writes them, without the
+            instruction) that must not appear, e.g. the held-out set's.
+
+    Returns:
+        A ``datasets.Dataset`` in the layout of this module. ``reward_model.ground_truth`` is
+        the reasoning-gym answer; ``extra_info`` = ``{"index", "split", "task", "question",
+        "rg_seed", "rg_index"}``; ``prompt_id`` = ``"<split>/<seed>/<index>"``.
+
+    Raises:
+        ValueError: bad ``tasks``/``size``, an unknown task or config, or a problem space too
+            small to give enough distinct, non-excluded questions.
+    """
+    import datasets
+
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be a positive integer, got {size!r}")
+    norm = _normalise_tasks(tasks)
+    counts = _split_counts(size, [t["weight"] for t in norm])
+    excluded = set(exclude_questions or ())
+
+    generated: list[tuple[str, int, int, dict]] = []  # (task, rg_seed, rg_index, entry)
+    for ti, (task, count) in enumerate(zip(norm, counts)):
+        rg_seed = _sub_seed(seed, ti, task["name"])
+        for idx, entry in _generate_task(task["name"], task["config"], count, rg_seed, excluded):
+            generated.append((task["name"], rg_seed, idx, entry))
+    random.Random(seed).shuffle(generated)
+
+    rows = []
+    for index, (name, rg_seed, rg_index, entry) in enumerate(generated):
+        question = entry["question"]
+        rows.append({
+            "prompt": [{"role": "user", "content": build_user_message(question, instruction)}],
+            "data_source": data_source,
+            "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
+            "extra_info": {
+                "index": index,
+                "split": split,
+                "task": name,
+                "question": question,
+                "rg_seed": rg_seed,
+                "rg_index": rg_index,
+            },
+            "prompt_id": f"{split}/{seed}/{index}",
+        })
+    return datasets.Dataset.from_list(rows)
+
+
+def make_train_and_heldout(
+    tasks: Sequence[Mapping[str, Any]],
+    train_size: int,
+    heldout_size: int,
+    seed: int,
+    **kwargs: Any,
+):
+    """A training set and a disjoint held-out set from the same task mix.
+
+    The held-out set is generated FIRST (seed ``seed + 1``, split ``"test"``), so it does not
+    depend on ``train_size``; the training set (seed ``seed``, split ``"train"``) then
+    excludes every held-out question.
+
+    Args:
+        tasks: task mix, as for :func:`make_reasoning_gym_dataset`.
+        train_size: number of training problems.
+        heldout_size: number of held-out problems.
+        seed: base seed.
+        **kwargs: passed to :func:`make_reasoning_gym_dataset` (``data_source``, ``instruction``,
+            ``exclude_questions`` (excluded from both)).
+
+    Returns:
+        ``(train, heldout)`` datasets with no question in common.
+
+    Raises:
+        ValueError: as :func:`make_reasoning_gym_dataset`.
+    """
+    for key in ("size", "seed", "split"):
+        if key in kwargs:
+            raise ValueError(f"make_train_and_heldout sets {key!r} itself")
+    base_exclude = set(kwargs.pop("exclude_questions", None) or ())
+    heldout = make_reasoning_gym_dataset(tasks, size=heldout_size, seed=seed + 1, split="test",
+                                         exclude_questions=base_exclude, **kwargs)
+    held_q = {info["question"] for info in heldout["extra_info"]}
+    train = make_reasoning_gym_dataset(tasks, size=train_size, seed=seed, split="train",
+                                       exclude_questions=base_exclude | held_q, **kwargs)
+    return train, heldout
+
+
+# --------------------------------------------------------------------------- verl files
+
+_GT_EXPECTED = "expected a non-empty string or number, or a non-empty list of them"
+
+
+def _read_records(path: Path) -> list[Any]:
+    """Raw records of a JSONL/JSON or parquet file (blank JSONL lines are skipped)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as exc:
+            raise ValueError(f"{path}: not a readable parquet file: {exc}") from exc
+    if suffix not in (".jsonl", ".json"):
+        raise ValueError(f"{path}: unsupported file type {suffix!r} (expected .jsonl, .json or .parquet)")
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: invalid JSON array: {exc}") from exc
+        return list(data)
+    records = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: line {lineno} (row {len(records)}): invalid JSON: {exc.msg} "
+                             f"at column {exc.colno}") from exc
+    return records
+
+
+def _check_messages(where: str, prompt: Any) -> list[dict]:
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError(f"{where}: field 'prompt' is an empty string (expected a non-empty string "
+                             f"or a list of {{'role', 'content'}} messages)")
+        return [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError(f"{where}: field 'prompt' is {type(prompt).__name__} {_short(prompt)} (expected a "
+                         f"non-empty list of {{'role', 'content'}} messages, or a string)")
+    messages = []
+    for j, msg in enumerate(prompt):
+        if not isinstance(msg, dict):
+            raise ValueError(f"{where}: field 'prompt[{j}]' is {type(msg).__name__} {_short(msg)} "
+                             f"(expected a {{'role', 'content'}} dict)")
+        role, content = msg.get("role"), msg.get("content")
+        if role not in VALID_ROLES:
+            raise ValueError(f"{where}: field 'prompt[{j}].role' is {_short(role)} (expected one of {VALID_ROLES})")
+        if not isinstance(content, str):
+            raise ValueError(f"{where}: field 'prompt[{j}].content' is {type(content).__name__} "
+                             f"{_short(content)} (expected a string)")
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _scalar_gt(value: Any) -> str | None:
+    """String form of a scalar ground truth, or None if it is not acceptable."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return str(value)
+    return None
+
+
+def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str]:
+    if reward_model is None:
+        raise ValueError(f"{where}: field 'reward_model' is missing (expected a dict with 'ground_truth')")
+    if not isinstance(reward_model, dict):
+        raise ValueError(f"{where}: field 'reward_model' is {type(reward_model).__name__} {_short(reward_model)} "
+                         f"(expected a dict with 'ground_truth')")
+    style = reward_model.get("style", "rule")
+    if style is None:
+        style = "rule"
+    if not isinstance(style, str):
+        raise ValueError(f"{where}: field 'reward_model.style' is {_short(style)} (expected a string)")
+    if "ground_truth" not in reward_model or reward_model["ground_truth"] is None:
+        raise ValueError(f"{where}: field 'reward_model.ground_truth' is missing ({_GT_EXPECTED})")
+    gt = reward_model["ground_truth"]
+    if isinstance(gt, list):
+        items = [_scalar_gt(x) for x in gt]
+        if not items or any(x is None for x in items):
+            raise ValueError(f"{where}: field 'reward_model.ground_truth' is {_short(gt)} ({_GT_EXPECTED})")
+        return json.dumps(items, ensure_ascii=False), style
+    text = _scalar_gt(gt)
+    if text is None:
+        raise ValueError(f"{where}: field 'reward_model.ground_truth' is {type(gt).__name__} {_short(gt)} "
+                         f"({_GT_EXPECTED})")
+    return text, style
+
+
+def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = None, split: str = "train"):
+    """Load and validate a verl-style RL prompt file (JSONL/JSON lines or parquet).
+
+    Each row needs:
+
+    * ``prompt``: a non-empty list of ``{"role", "content"}`` messages (role in
+      system/user/assistant/tool, content a string) or a non-empty string (wrapped as one
+      user message);
+    * ``data_source``: a non-empty string, unless ``default_data_source`` is given;
+    * ``reward_model.ground_truth``: a non-empty string, a number (converted with ``str``) or
+      a non-empty list of those (stored as JSON text, see the module docstring);
+      ``reward_model.style`` defaults to ``"rule"``;
+    * ``extra_info`` (optional): a dict. Missing ``index``/``split``/``task`` keys are filled
+      with the row number, ``split`` and the data source.
+
+    ``prompt_id`` is the row's own ``prompt_id`` column when present (so a dataset written by
+    this module round-trips unchanged), else ``str(extra_info["index"])`` when the file gives
+    an index, else ``"<file name>:<row>"``. Other top-level columns (e.g. ``ability``) are
+    kept.
+    A ``.json`` file may also be one JSON array of rows. Blank lines are ignored. Row numbers
+    in errors are 0-based over the rows (blank lines not counted); JSON syntax errors also
+    give the 1-based line number.
+
+    Every row is validated; nothing is silently dropped.
+
+    Args:
+        path: the file (``.jsonl``, ``.json`` or ``.parquet``).
+        default_data_source: used for rows without ``data_source``.
+        split: filled into ``extra_info["split"]`` where the row does not say.
+
+    Returns:
+        A ``datasets.Dataset`` in the layout of this module.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: unsupported file type, empty file, invalid JSON, or an invalid row; the
+            message names the file, the row and the field, e.g.
+            ``data/train.jsonl: row 3: field 'reward_model.ground_truth' is missing (expected ...)``.
+            Duplicate prompt ids name both rows.
+    """
+    import datasets
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    records = _read_records(path)
+    if not records:
+        raise ValueError(f"{path}: no rows (empty file)")
+
+    rows: list[dict] = []
+    seen_ids: dict[str, int] = {}
+    for r, rec in enumerate(records):
+        where = f"{path}: row {r}"
+        if not isinstance(rec, dict):
+            raise ValueError(f"{where}: is {type(rec).__name__} {_short(rec)} (expected a JSON object)")
+        if "prompt" not in rec or rec["prompt"] is None:
+            raise ValueError(f"{where}: field 'prompt' is missing (expected a non-empty list of "
+                             f"{{'role', 'content'}} messages, or a string)")
+        messages = _check_messages(where, rec["prompt"])
+
+        data_source = rec.get("data_source")
+        if data_source is None:
+            if default_data_source is None:
+                raise ValueError(f"{where}: field 'data_source' is missing (expected a non-empty string; "
+                                 f"or pass default_data_source)")
+            data_source = default_data_source
+        if not isinstance(data_source, str) or not data_source:
+            raise ValueError(f"{where}: field 'data_source' is {_short(data_source)} (expected a non-empty string)")
+
+        ground_truth, style = _check_ground_truth(where, rec.get("reward_model"))
+
+        extra = rec.get("extra_info")
+        if extra is None:
+            extra = {}
+        if not isinstance(extra, dict):
+            raise ValueError(f"{where}: field 'extra_info' is {type(extra).__name__} {_short(extra)} "
+                             f"(expected a dict)")
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: field 'extra_info' is not JSON-serialisable ({exc})") from exc
+        extra = dict(extra)
+        index = extra.get("index")
+        if index is not None and (isinstance(index, bool) or not isinstance(index, (int, str))):
+            raise ValueError(f"{where}: field 'extra_info.index' is {_short(index)} (expected an int or string)")
+        given_id = rec.get("prompt_id")
+        if given_id is not None:
+            if isinstance(given_id, bool) or not isinstance(given_id, (int, str)) or given_id == "":
+                raise ValueError(f"{where}: field 'prompt_id' is {_short(given_id)} (expected a non-empty "
+                                 f"string or an int)")
+            prompt_id, id_field = str(given_id), "prompt_id"
+        elif index is not None:
+            prompt_id, id_field = str(index), "extra_info.index"
+        else:
+            prompt_id, id_field = f"{path.name}:{r}", "extra_info.index"
+        if index is None:
+            extra["index"] = r
+        extra.setdefault("split", split)
+        extra.setdefault("task", data_source)
+        if prompt_id in seen_ids:
+            raise ValueError(f"{path}: rows {seen_ids[prompt_id]} and {r} have the same prompt id {prompt_id!r} "
+                             f"(field '{id_field}'; expected unique per problem)")
+        seen_ids[prompt_id] = r
+
+        row = {k: v for k, v in rec.items()
+               if k not in ("prompt", "data_source", "reward_model", "extra_info", "prompt_id")}
+        row.update({
+            "prompt": messages,
+            "data_source": data_source,
+            "reward_model": {"style": style, "ground_truth": ground_truth},
+            "extra_info": extra,
+            "prompt_id": prompt_id,
+        })
+        rows.append(row)
+
+    columns: list[str] = []
+    for row in rows:
+        for key in row:
+            if key not in columns:
+                columns.append(key)
+    try:
+        return datasets.Dataset.from_dict({c: [row.get(c) for row in rows] for c in columns})
+    except Exception as exc:  # pyarrow type conflicts between rows
+        raise ValueError(f"{path}: rows disagree on the type of some field (extra_info or an extra column): "
+                         f"{exc}") from exc
+
+
+def load_rl_dataset(source, **kwargs: Any):
+    """Load an RL prompt set from a file, or generate one from a reasoning-gym task mix.
+
+    Args:
+        source: a path (str / PathLike) to a ``.jsonl``/``.json``/``.parquet`` file in the verl
+            RL layout -> :func:`load_rl_file`; or a list of reasoning-gym task dicts ->
+            :func:`make_reasoning_gym_dataset` (then ``size`` and ``seed`` are required
+            keyword arguments).
+        **kwargs: passed to the function chosen.
+
+    Returns:
+        A ``datasets.Dataset`` in the layout of this module.
+
+    Raises:
+        FileNotFoundError: ``source`` looks like a path but no such file exists.
+        ValueError: as the chosen loader, or ``source`` is of an unsupported kind.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_dir():
+            raise ValueError(f"{path}: is a directory (expected a .jsonl, .json or .parquet file)")
+        return load_rl_file(path, **kwargs)
+    if isinstance(source, Sequence) and source and all(isinstance(t, Mapping) for t in source):
+        return make_reasoning_gym_dataset(source, **kwargs)
+    raise ValueError(f"unsupported RL data source {_short(source)} (expected a file path or a list of "
+                     f"reasoning-gym task dicts)")

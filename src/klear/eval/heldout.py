@@ -1,0 +1,268 @@
+"""Held-out evaluation: greedy generation, scoring, and a paired before/after comparison.
+
+Typical use (before and after RL, on the SAME held-out problems)::
+
+    before = evaluate(base_model, tok, heldout, max_new_tokens=128)
+    after = evaluate(rl_model, tok, heldout, max_new_tokens=128)
+    stats = paired_difference(before["correct"], after["correct"])
+
+``evaluate`` scores with ``klear.rewards.compute_scores`` unless a ``scorer`` is given. A
+problem counts as correct when its reward equals the "correct" score, 1.0 (spec Sec. 4:
+correct = +1, wrong = -1).
+
+The paper reports avg@n with temperature 0.6 (spec Sec. 7); on a small demo model we use
+greedy decoding (one deterministic sample per problem), so a before/after difference is a
+paired difference over problems, tested with McNemar's exact test.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+CORRECT_SCORE = 1.0
+
+Scorer = Callable[..., list]
+
+
+def _as_messages(prompt: Any) -> list[dict]:
+    """Normalise one prompt to a list of chat messages (a plain string becomes one user message)."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [{"role": m["role"], "content": m["content"]} for m in prompt]
+
+
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence,
+    *,
+    max_new_tokens: int,
+    batch_size: int = 32,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    show_progress: bool = True,
+) -> list[str]:
+    """Generate one completion per chat prompt.
+
+    Each prompt (a list of ``{"role", "content"}`` messages, or a plain string treated as one
+    user message) is rendered with the tokenizer's chat template
+    (``add_generation_prompt=True``), batched with LEFT padding, and generated with
+    ``model.generate`` under ``torch.no_grad()`` in eval mode. Prompts are batched in order of
+    length (less padding) and the results are returned in the input order. Only the new
+    tokens are decoded, with ``skip_special_tokens=True``.
+
+    Args:
+        model: a causal LM (``transformers`` ``PreTrainedModel``).
+        tokenizer: its tokenizer; must have a chat template and a pad token (falls back to eos).
+        prompts: chat prompts (list of message lists, or strings).
+        max_new_tokens: generation budget per completion.
+        batch_size: prompts per ``generate`` call.
+        do_sample: sample instead of greedy decoding (default greedy).
+        temperature: sampling temperature (used only when ``do_sample``).
+        top_p: nucleus sampling threshold (used only when ``do_sample``).
+        show_progress: show a tqdm progress bar over batches.
+
+    Returns:
+        The completion texts, one per prompt, in the order of ``prompts``.
+
+    Raises:
+        ValueError: ``batch_size`` or ``max_new_tokens`` is not positive.
+
+    The tokenizer's ``padding_side`` is restored afterwards (even on error); the model is
+    left in eval mode only if it was already, i.e. its training flag is restored too.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    prompts = list(prompts)
+    if not prompts:
+        return []
+
+    texts = [
+        tokenizer.apply_chat_template(_as_messages(p), tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
+    # The rendered template already holds the special tokens (<|im_start|> ...).
+    lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    gen_kwargs: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": do_sample,
+        "pad_token_id": pad_id,
+    }
+    if do_sample:
+        gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+    else:
+        # Neutralise sampling defaults a generation_config may carry, so greedy stays quiet.
+        gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+
+    results: list[str | None] = [None] * len(texts)
+    old_side = tokenizer.padding_side
+    was_training = model.training
+    device = next(model.parameters()).device
+    try:
+        tokenizer.padding_side = "left"
+        model.eval()
+        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        with torch.no_grad():
+            for idx in tqdm(batches, desc="generate", disable=not show_progress):
+                enc = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True,
+                                add_special_tokens=False).to(device)
+                out = model.generate(**enc, **gen_kwargs)
+                new_tokens = out[:, enc["input_ids"].shape[1]:]
+                decoded = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+                for i, text in zip(idx, decoded):
+                    results[i] = text
+    finally:
+        tokenizer.padding_side = old_side
+        model.train(was_training)
+    return results  # type: ignore[return-value]
+
+
+def _default_scorer() -> Scorer:
+    from klear.rewards import compute_scores  # lazy: optional at import time
+
+    return compute_scores
+
+
+def evaluate(
+    model,
+    tokenizer,
+    dataset,
+    *,
+    max_new_tokens: int,
+    batch_size: int = 32,
+    scorer: Scorer | None = None,
+    show_progress: bool = True,
+) -> dict:
+    """Greedy-decode every problem of an RL dataset once and score it.
+
+    Args:
+        model: causal LM to evaluate.
+        tokenizer: its tokenizer (with chat template).
+        dataset: rows in the verl RL layout (see :mod:`klear.data.rl_data`): ``prompt``
+            (chat messages), ``data_source``, ``reward_model.ground_truth``, optional
+            ``extra_info`` and ``prompt_id``. A ``datasets.Dataset`` or a list of dicts.
+        max_new_tokens: generation budget per problem.
+        batch_size: prompts per generate call.
+        scorer: ``scorer(data_sources, solution_strs, ground_truths, extra_infos) -> list[float]``
+            (same signature as ``klear.rewards.compute_scores``); default that function,
+            imported lazily.
+        show_progress: tqdm progress bar while generating.
+
+    Returns:
+        ``{"accuracy": float, "n": int, "correct": list[bool], "rewards": list[float],
+        "completions": list[str], "prompt_ids": list[str]}``, all lists in dataset order.
+        ``correct[i]`` is ``rewards[i] == 1.0``. ``prompt_ids`` falls back to the row index
+        (as a string) when the dataset has no ``prompt_id`` column. An empty dataset gives
+        accuracy 0.0 and n 0.
+
+    Raises:
+        ValueError: the scorer returned a different number of scores than problems.
+    """
+    rows = [dataset[i] for i in range(len(dataset))]
+    if scorer is None:
+        scorer = _default_scorer()
+    prompts = [r["prompt"] for r in rows]
+    completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                           batch_size=batch_size, show_progress=show_progress)
+    data_sources = [r["data_source"] for r in rows]
+    ground_truths = [r["reward_model"]["ground_truth"] for r in rows]
+    extra_infos = [r.get("extra_info") for r in rows]
+    rewards = [float(x) for x in scorer(data_sources, completions, ground_truths, extra_infos)] if rows else []
+    if len(rewards) != len(rows):
+        raise ValueError(f"scorer returned {len(rewards)} scores for {len(rows)} problems")
+    correct = [r == CORRECT_SCORE for r in rewards]
+    prompt_ids = [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]
+    n = len(rows)
+    return {
+        "accuracy": (sum(correct) / n) if n else 0.0,
+        "n": n,
+        "correct": correct,
+        "rewards": rewards,
+        "completions": completions,
+        "prompt_ids": prompt_ids,
+    }
+
+
+def _mcnemar_exact(n_improved: int, n_worsened: int) -> float:
+    """Exact two-sided McNemar p-value: binomial test of the discordant pairs against p = 1/2.
+
+    p = min(1, 2 * P(X <= min(b, c))) with X ~ Binomial(b + c, 1/2); 1.0 when there are no
+    discordant pairs.
+    """
+    m = n_improved + n_worsened
+    if m == 0:
+        return 1.0
+    k = min(n_improved, n_worsened)
+    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2 ** m
+    return min(1.0, 2.0 * tail)
+
+
+def paired_difference(before_correct: Sequence, after_correct: Sequence, confidence: float = 0.95) -> dict:
+    """Paired comparison of per-problem correctness before and after training.
+
+    With d_i = after_i - before_i over the SAME n problems (values are cast to float, so
+    booleans or 0/1 work):
+
+    * ``mean_diff`` = mean(d) = after accuracy - before accuracy;
+    * CI = mean_diff +/- z * sd(d) / sqrt(n), with sd the SAMPLE std (ddof = 1) and
+      z = NormalDist().inv_cdf((1 + confidence) / 2). This is the normal approximation; it
+      is reasonable for n >= 30 and optimistic for smaller n. If all d_i are equal, sd = 0
+      and the interval collapses to the single point mean_diff;
+    * ``mcnemar_p``: exact two-sided McNemar test, i.e. a binomial test (p = 1/2) on the
+      discordant pairs b = #improved (0 -> 1) and c = #worsened (1 -> 0):
+      p = min(1, 2 * sum_{i <= min(b, c)} C(b + c, i) / 2^(b + c)); 1.0 if b + c = 0.
+
+    Args:
+        before_correct: per-problem correctness (bool / 0-1) before training.
+        after_correct: the same problems, in the same order, after training.
+        confidence: two-sided confidence level of the interval, in (0, 1).
+
+    Returns:
+        ``{"n", "before", "after", "mean_diff", "ci_low", "ci_high", "n_improved",
+        "n_worsened", "mcnemar_p"}`` where ``before``/``after`` are the two accuracies.
+        ``n_improved``/``n_worsened`` count d_i > 0 and d_i < 0.
+
+    Raises:
+        ValueError: the sequences differ in length, n < 2, or confidence is not in (0, 1).
+    """
+    before = [float(x) for x in before_correct]
+    after = [float(x) for x in after_correct]
+    if len(before) != len(after):
+        raise ValueError(
+            f"paired_difference needs the same problems before and after: got {len(before)} and {len(after)} values"
+        )
+    n = len(before)
+    if n < 2:
+        raise ValueError(f"paired_difference needs at least 2 problems, got {n}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    d = [a - b for a, b in zip(after, before)]
+    mean_d = sum(d) / n
+    sd = statistics.stdev(d) if len(set(d)) > 1 else 0.0
+    z = statistics.NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+    half = z * sd / math.sqrt(n)
+    n_improved = sum(1 for x in d if x > 0)
+    n_worsened = sum(1 for x in d if x < 0)
+    return {
+        "n": n,
+        "before": sum(before) / n,
+        "after": sum(after) / n,
+        "mean_diff": mean_d,
+        "ci_low": mean_d - half,
+        "ci_high": mean_d + half,
+        "n_improved": n_improved,
+        "n_worsened": n_worsened,
+        "mcnemar_p": _mcnemar_exact(n_improved, n_worsened),
+    }

@@ -1,0 +1,301 @@
+"""Verifiable rewards for Klear-Reasoner RL (paper Sec. 3.2.4), with a verl-style entry point.
+
+:func:`compute_score` / :func:`compute_scores` dispatch on ``data_source`` through a
+small prefix registry. The longest registered prefix that ``data_source`` starts with
+wins (case-sensitive). Registered here:
+
+- ``"math"`` -> :func:`klear.rewards.math_reward.math_score` (Klear's
+  ``math_longcot_math_verify``, ``math_dapo``, ``math500``, ...). For data sources whose
+  name contains ``"longcot"`` the think block is required by default (Klear's
+  ``is_longcot=True``); pass ``require_think=`` to override.
+
+Other rewards (e.g. code) add themselves with :func:`register_scorer`. A scorer is
+``fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float`` and
+may come with a batch form ``batch_fn(data_sources, solution_strs, ground_truths,
+extra_infos, *, max_workers=None, **kwargs) -> list[float]``.
+
+verl: point ``custom_reward_function.path`` at this module with ``name: compute_score``
+(naive/prime reward managers) or ``name: compute_scores`` (batch reward manager; the
+keyword names match). Extra keyword arguments (``reward_kwargs``) are passed to the
+scorer; the math scorer uses ``require_think`` and ``timeout_s`` and ignores the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from klear.rewards.math_reward import (
+    CORRECT_REWARD,
+    DEFAULT_TIMEOUT_S,
+    WRONG_REWARD,
+    BoxedAnswer,
+    MathScoreResult,
+    configure_math_pool,
+    extract_last_boxed,
+    math_score,
+    math_score_batch,
+    math_score_batch_detailed,
+    math_score_detailed,
+    shutdown_math_pool,
+)
+
+logger = logging.getLogger(__name__)
+
+ScoreFn = Callable[..., float]
+BatchScoreFn = Callable[..., list]
+
+
+@dataclass(frozen=True)
+class _Scorer:
+    prefix: str
+    fn: ScoreFn
+    batch_fn: BatchScoreFn | None
+
+
+_REGISTRY: dict[str, _Scorer] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register_scorer(
+    prefix: str,
+    fn: ScoreFn,
+    *,
+    batch_fn: BatchScoreFn | None = None,
+    overwrite: bool = False,
+) -> None:
+    """Route every ``data_source`` starting with *prefix* to *fn*.
+
+    Args:
+        prefix: non-empty data-source prefix, e.g. ``"math"`` or ``"code"``.
+        fn: ``fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs)``
+            returning a float reward.
+        batch_fn: optional batch form used by :func:`compute_scores`:
+            ``batch_fn(data_sources, solution_strs, ground_truths, extra_infos, *,
+            max_workers=None, **kwargs) -> list[float]`` in input order. Without it
+            :func:`compute_scores` calls *fn* from a thread pool.
+        overwrite: allow replacing an existing registration of the same prefix.
+
+    Raises:
+        ValueError: empty prefix, or prefix already registered and not ``overwrite``.
+        TypeError: *fn* (or *batch_fn*) is not callable.
+    """
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError("prefix must be a non-empty string")
+    if not callable(fn) or (batch_fn is not None and not callable(batch_fn)):
+        raise TypeError("fn and batch_fn must be callable")
+    with _REGISTRY_LOCK:
+        if prefix in _REGISTRY and not overwrite:
+            raise ValueError(f"a scorer is already registered for prefix {prefix!r}")
+        _REGISTRY[prefix] = _Scorer(prefix, fn, batch_fn)
+
+
+def unregister_scorer(prefix: str) -> None:
+    """Remove the scorer for *prefix* (no error if absent)."""
+    with _REGISTRY_LOCK:
+        _REGISTRY.pop(prefix, None)
+
+
+def registered_prefixes() -> list[str]:
+    """Registered data-source prefixes, sorted."""
+    with _REGISTRY_LOCK:
+        return sorted(_REGISTRY)
+
+
+def _resolve(data_source: str) -> _Scorer:
+    with _REGISTRY_LOCK:
+        matches = [s for p, s in _REGISTRY.items() if isinstance(data_source, str) and data_source.startswith(p)]
+        known = sorted(_REGISTRY)
+    if not matches:
+        raise ValueError(
+            f"no reward scorer for data_source {data_source!r}; "
+            f"registered prefixes: {known}"
+        )
+    return max(matches, key=lambda s: len(s.prefix))
+
+
+def get_scorer(data_source: str) -> ScoreFn:
+    """The scorer function :func:`compute_score` would use for *data_source*.
+
+    Raises:
+        ValueError: no registered prefix matches (the message lists the prefixes).
+    """
+    return _resolve(data_source).fn
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    **kwargs: Any,
+) -> float:
+    """verl-compatible reward for one response.
+
+    Args:
+        data_source: dataset tag, e.g. ``"math_longcot_math_verify"``; selects the scorer
+            by prefix (see module docstring).
+        solution_str: the decoded response.
+        ground_truth: the reference answer (``reward_model.ground_truth``).
+        extra_info: verl's per-row extra info, passed through to the scorer.
+        **kwargs: scorer options (math: ``require_think``, ``timeout_s``).
+
+    Returns:
+        The scorer's float reward; for math ``1.0`` (correct) or ``-1.0`` (anything
+        else), see :func:`klear.rewards.math_reward.math_score`.
+
+    Raises:
+        ValueError: no registered prefix matches ``data_source``.
+    """
+    return float(_resolve(data_source).fn(data_source, solution_str, ground_truth, extra_info, **kwargs))
+
+
+def compute_scores(
+    data_sources: Sequence[str],
+    solution_strs: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Sequence[dict | None] | None = None,
+    *,
+    max_workers: int | None = None,
+    timeout_s: float | None = None,
+    **kwargs: Any,
+) -> list[float]:
+    """Batch form of :func:`compute_score` (verl ``BatchRewardManager`` signature).
+
+    Items are grouped by scorer and scored in parallel (math: on the worker-process
+    pool); results come back in input order. One failing item never affects another:
+    the math scorer turns every failure into -1.0, and an exception raised by a
+    scorer without a batch form is logged and scored -1.0.
+
+    Args:
+        data_sources, solution_strs, ground_truths: equal-length sequences.
+        extra_infos: optional, same length.
+        max_workers: parallelism (math: size of the shared worker pool).
+        timeout_s: per-item time limit passed to the scorers (default: each scorer's).
+        **kwargs: scorer options, as for :func:`compute_score`.
+
+    Raises:
+        ValueError: sequences of different lengths, or a data source with no scorer
+            (checked for every item before any work is done).
+    """
+    n = len(data_sources)
+    if len(solution_strs) != n or len(ground_truths) != n:
+        raise ValueError(
+            f"length mismatch: {n} data_sources, {len(solution_strs)} solution_strs, "
+            f"{len(ground_truths)} ground_truths"
+        )
+    if extra_infos is None:
+        extra_infos = [None] * n
+    elif len(extra_infos) != n:
+        raise ValueError(f"length mismatch: {n} data_sources, {len(extra_infos)} extra_infos")
+    if timeout_s is not None:
+        kwargs["timeout_s"] = timeout_s
+
+    groups: dict[str, tuple[_Scorer, list[int]]] = {}
+    for i, ds in enumerate(data_sources):
+        scorer = _resolve(ds)
+        groups.setdefault(scorer.prefix, (scorer, []))[1].append(i)
+
+    out: list[float] = [WRONG_REWARD] * n
+    for scorer, idx in groups.values():
+        if scorer.batch_fn is not None:
+            scores = scorer.batch_fn(
+                [data_sources[i] for i in idx],
+                [solution_strs[i] for i in idx],
+                [ground_truths[i] for i in idx],
+                [extra_infos[i] for i in idx],
+                max_workers=max_workers,
+                **kwargs,
+            )
+            if len(scores) != len(idx):
+                raise RuntimeError(f"scorer {scorer.prefix!r} returned {len(scores)} scores for {len(idx)} items")
+            for i, s in zip(idx, scores):
+                out[i] = float(s)
+            continue
+
+        def _one(i: int, scorer: _Scorer = scorer) -> float:
+            try:
+                return float(scorer.fn(data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i], **kwargs))
+            except Exception:  # noqa: BLE001 - isolate items
+                logger.exception("reward scorer %r failed on item %d; scoring -1", scorer.prefix, i)
+                return WRONG_REWARD
+
+        with ThreadPoolExecutor(max_workers=max_workers or min(32, len(idx))) as ex:
+            for i, s in zip(idx, ex.map(_one, idx)):
+                out[i] = s
+    return out
+
+
+# ------------------------------------------------------------------ math registration
+
+
+def _math_think_default(data_source: str, require_think: bool | None) -> bool:
+    return ("longcot" in data_source) if require_think is None else bool(require_think)
+
+
+def _math_entry(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    *,
+    require_think: bool | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    **_ignored: Any,
+) -> float:
+    """Registry adapter for :func:`math_score` (``require_think`` defaults to
+    ``"longcot" in data_source``; unknown keyword arguments are ignored)."""
+    return math_score(
+        solution_str,
+        ground_truth,
+        require_think=_math_think_default(data_source, require_think),
+        timeout_s=timeout_s,
+    )
+
+
+def _math_batch_entry(
+    data_sources: Sequence[str],
+    solution_strs: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Sequence[dict | None],
+    *,
+    max_workers: int | None = None,
+    require_think: bool | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    **_ignored: Any,
+) -> list[float]:
+    """Registry batch adapter for :func:`math_score_batch`."""
+    return math_score_batch(
+        solution_strs,
+        ground_truths,
+        require_think=[_math_think_default(ds, require_think) for ds in data_sources],
+        timeout_s=timeout_s,
+        max_workers=max_workers,
+    )
+
+
+register_scorer("math", _math_entry, batch_fn=_math_batch_entry)
+
+__all__ = [
+    "CORRECT_REWARD",
+    "WRONG_REWARD",
+    "BoxedAnswer",
+    "MathScoreResult",
+    "compute_score",
+    "compute_scores",
+    "configure_math_pool",
+    "extract_last_boxed",
+    "get_scorer",
+    "math_score",
+    "math_score_batch",
+    "math_score_batch_detailed",
+    "math_score_detailed",
+    "register_scorer",
+    "registered_prefixes",
+    "shutdown_math_pool",
+    "unregister_scorer",
+]

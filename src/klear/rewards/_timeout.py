@@ -1,0 +1,367 @@
+"""Run functions in worker processes with a wall-clock limit that works from any thread.
+
+math-verify's own timeouts use ``signal.alarm``, which only works in the main thread of
+the main interpreter. Reward functions are called from reward-manager threads, Ray
+actors and data-loader workers, so :class:`TimedProcessPool` instead runs each task in a
+worker process of a lazily created :class:`pebble.ProcessPool`; pebble kills the worker
+when a task overruns its limit (SIGTERM, then SIGKILL after 3 s) and starts a new one.
+
+Robustness rules:
+
+- The pool is created on first use and re-created when it is no longer usable: after
+  ``os.fork()`` (a pool belongs to the process that made it), or when pebble marks it
+  broken (for example every worker was killed while idle).
+- :meth:`TimedProcessPool.run` never raises for a task-level problem; it returns a
+  :class:`TaskOutcome` whose ``status`` says what happened.
+- Safe to call concurrently from many threads.
+
+The start method defaults to ``"spawn"`` (forking a process that already runs threads,
+as trainers do, can deadlock the child). Override it with the ``start_method`` argument
+or the ``KLEAR_REWARD_START_METHOD`` environment variable (``spawn``, ``forkserver``,
+``fork``). With ``spawn``/``forkserver`` a script that uses the pool must guard its entry
+point with ``if __name__ == "__main__":`` (standard multiprocessing rule).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import logging
+import multiprocessing
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pebble import ProcessExpired, ProcessPool
+
+logger = logging.getLogger(__name__)
+
+#: Extra seconds a *running* task may take past its limit before the caller gives up on
+#: pebble and cancels it itself (pebble needs up to ~3 s to kill a stuck worker).
+KILL_GRACE_S = 10.0
+#: Longest a task may wait in the queue before it starts (safety net, should never hit).
+DEFAULT_QUEUE_LIMIT_S = 900.0
+_POLL_S = 0.25
+
+OutcomeStatus = Literal["ok", "timeout", "crashed", "error", "pool_error"]
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """Result of one task run in the pool.
+
+    ``status``: ``"ok"`` (``value`` holds the return value), ``"timeout"`` (killed at its
+    limit), ``"crashed"`` (the worker process died: signal, segfault, OOM killer),
+    ``"error"`` (the function raised; ``detail`` holds ``repr`` of the exception) or
+    ``"pool_error"`` (the pool itself failed; the pool is rebuilt on next use).
+    """
+
+    status: OutcomeStatus
+    value: Any = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def default_max_workers() -> int:
+    """Pool size: ``KLEAR_REWARD_WORKERS`` if set, else ``min(8, cpu_count)``."""
+    env = os.environ.get("KLEAR_REWARD_WORKERS")
+    if env:
+        try:
+            n = int(env)
+            if n > 0:
+                return n
+        except ValueError:
+            logger.warning("ignoring invalid KLEAR_REWARD_WORKERS=%r", env)
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def limit_worker_memory(extra_mb: int | None = None) -> None:
+    """Cap this process's address space at its current size plus *extra_mb* MiB.
+
+    Meant for worker initializers: a runaway computation then gets ``MemoryError``
+    (turned into a failed task) instead of swapping or waking the OOM killer. The cap
+    is relative to the size after start-up, so whatever the worker imported first does
+    not count. Default headroom: ``KLEAR_REWARD_WORKER_MEMORY_MB`` or 4096; ``0``
+    disables the cap. Linux only; silently does nothing elsewhere.
+    """
+    if extra_mb is None:
+        try:
+            extra_mb = int(os.environ.get("KLEAR_REWARD_WORKER_MEMORY_MB", "4096"))
+        except ValueError:
+            extra_mb = 4096
+    if extra_mb <= 0:
+        return
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = current + extra_mb * 1024 * 1024
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        if soft == resource.RLIM_INFINITY or limit < soft:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, ValueError):  # pragma: no cover - non-Linux
+        pass
+
+
+def _resolve_start_method(start_method: str | None) -> str:
+    method = start_method or os.environ.get("KLEAR_REWARD_START_METHOD") or "spawn"
+    if method not in multiprocessing.get_all_start_methods():
+        logger.warning(
+            "start method %r is not available here (choose from %s); using 'spawn'",
+            method,
+            multiprocessing.get_all_start_methods(),
+        )
+        method = "spawn"
+    return method
+
+
+def _join_in_background(pool: ProcessPool) -> None:
+    """Let a retired pool finish its queued tasks, then reap it, off the caller's thread."""
+
+    def _reap() -> None:
+        try:
+            pool.join(timeout=DEFAULT_QUEUE_LIMIT_S)
+        except Exception:  # noqa: BLE001 - best effort
+            try:
+                pool.stop()
+                pool.join(timeout=10)
+            except Exception:  # noqa: BLE001
+                pass
+
+    threading.Thread(target=_reap, name="klear-reward-pool-reaper", daemon=True).start()
+
+
+_LIVE_POOLS: weakref.WeakSet[TimedProcessPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:  # pragma: no cover - exercised at interpreter exit
+    for p in list(_LIVE_POOLS):
+        try:
+            p.shutdown(wait_s=2.0)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _reset_after_fork() -> None:  # pragma: no cover - runs in forked children
+    # A forked child inherits the parent's pool object but none of its threads, and a
+    # lock that another parent thread held at fork time would stay locked forever.
+    for p in list(_LIVE_POOLS):
+        p._lock = threading.Lock()
+        p._pool = None
+        p._pool_pid = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class TimedProcessPool:
+    """A lazily created, self-healing process pool with per-task wall-clock limits.
+
+    Args:
+        max_workers: number of worker processes (default :func:`default_max_workers`).
+        start_method: multiprocessing start method (see module docstring).
+        initializer, initargs: run once in every worker when it starts; must be
+            importable module-level callables (they are pickled for ``spawn``).
+        name: label used in log messages.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_workers: int | None = None,
+        start_method: str | None = None,
+        initializer: Callable[..., Any] | None = None,
+        initargs: Iterable[Any] = (),
+        name: str = "klear-reward",
+    ) -> None:
+        if max_workers is not None and max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self._max_workers = max_workers
+        self._start_method = start_method
+        self._initializer = initializer
+        self._initargs = tuple(initargs)
+        self.name = name
+        self._lock = threading.Lock()
+        self._pool: ProcessPool | None = None
+        self._pool_pid: int | None = None
+        self.pools_created = 0  # how many pebble pools this object has built (for tests)
+        _LIVE_POOLS.add(self)
+
+    # ------------------------------------------------------------------ pool life cycle
+    @property
+    def max_workers(self) -> int:
+        return self._max_workers or default_max_workers()
+
+    def _new_pool(self) -> ProcessPool:
+        ctx = multiprocessing.get_context(_resolve_start_method(self._start_method))
+        pool = ProcessPool(
+            max_workers=self.max_workers,
+            initializer=self._initializer,
+            initargs=self._initargs,
+            context=ctx,
+        )
+        self.pools_created += 1
+        return pool
+
+    def _get_pool(self) -> ProcessPool:
+        with self._lock:
+            pool = self._pool
+            if pool is not None and self._pool_pid != os.getpid():
+                # Inherited through fork: its threads and pipes belong to the parent.
+                pool = None
+            elif pool is not None and not pool.active:
+                logger.warning("%s: worker pool is broken; starting a new one", self.name)
+                try:
+                    pool.stop()
+                    _join_in_background(pool)
+                except Exception:  # noqa: BLE001
+                    pass
+                pool = None
+            if pool is None:
+                pool = self._new_pool()
+                self._pool = pool
+                self._pool_pid = os.getpid()
+            return pool
+
+    def _discard(self, pool: ProcessPool) -> None:
+        """Forget *pool* (if still current) so the next call builds a fresh one."""
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        if self._pool_pid == os.getpid():
+            try:
+                pool.stop()
+                _join_in_background(pool)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def resize(self, max_workers: int) -> None:
+        """Use *max_workers* workers from now on.
+
+        A pool of another size is retired: it accepts no new tasks but finishes the ones
+        already queued (other threads' results are not lost).
+        """
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        with self._lock:
+            if max_workers == self.max_workers:
+                self._max_workers = max_workers
+                return
+            old, self._pool = self._pool, None
+            self._max_workers = max_workers
+        if old is not None and self._pool_pid == os.getpid():
+            old.close()
+            _join_in_background(old)
+
+    def shutdown(self, wait_s: float = 5.0) -> None:
+        """Stop the workers now (running tasks are abandoned). Next use starts a new pool."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pool_pid == os.getpid():
+            try:
+                pool.stop()
+                pool.join(timeout=wait_s)
+            except Exception:  # noqa: BLE001
+                pass
+
+    # ------------------------------------------------------------------------- tasks
+    def submit(
+        self, fn: Callable[..., Any], args: tuple = (), *, timeout_s: float
+    ) -> concurrent.futures.Future:
+        """Schedule ``fn(*args)`` with a limit of *timeout_s* seconds of run time.
+
+        The limit starts when a worker picks the task up (queue time is not counted).
+        Retries once on a fresh pool when the current one refuses the task.
+
+        Raises:
+            ValueError: ``timeout_s`` is not positive.
+            RuntimeError: no pool could accept the task (two attempts).
+        """
+        if not timeout_s or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        last: Exception | None = None
+        for _ in range(2):
+            pool = None
+            try:
+                pool = self._get_pool()
+                return pool.schedule(fn, args=args, timeout=timeout_s)
+            except Exception as exc:  # noqa: BLE001 - "The Pool is not active", OSError, ...
+                last = exc
+                if pool is not None:
+                    self._discard(pool)
+        raise RuntimeError(f"{self.name}: could not schedule a task: {last}") from last
+
+    def wait(
+        self,
+        future: concurrent.futures.Future,
+        *,
+        timeout_s: float,
+        queue_limit_s: float = DEFAULT_QUEUE_LIMIT_S,
+    ) -> TaskOutcome:
+        """Wait for a future from :meth:`submit` and classify its outcome; never raises.
+
+        pebble enforces the limit itself; as a safety net the wait also gives up (and
+        cancels the task) once the task has run ``timeout_s + KILL_GRACE_S`` seconds or
+        has waited ``queue_limit_s`` seconds without starting.
+        """
+        t_submit = time.monotonic()
+        t_running: float | None = None
+        while True:
+            try:
+                value = future.result(timeout=_POLL_S)
+                return TaskOutcome("ok", value)
+            except concurrent.futures.TimeoutError:
+                # Either pebble's "Task timeout" (future done) or our poll slice expired.
+                if future.done():
+                    return TaskOutcome("timeout", detail=f"exceeded {timeout_s:g} s")
+            except concurrent.futures.CancelledError:
+                return TaskOutcome("timeout", detail="cancelled")
+            except ProcessExpired as exc:
+                return TaskOutcome("crashed", detail=f"worker died (exit code {exc.exitcode})")
+            except BrokenProcessPool as exc:
+                return TaskOutcome("pool_error", detail=repr(exc))
+            except BaseException as exc:  # noqa: BLE001 - raised inside the worker function
+                return TaskOutcome("error", detail=repr(exc)[:500])
+            now = time.monotonic()
+            if future.running():
+                if t_running is None:
+                    t_running = now
+                if now - t_running > timeout_s + KILL_GRACE_S:
+                    future.cancel()
+                    return TaskOutcome("timeout", detail=f"exceeded {timeout_s:g} s (not reaped)")
+            elif now - t_submit > queue_limit_s:
+                future.cancel()
+                return TaskOutcome("pool_error", detail=f"not started within {queue_limit_s:g} s")
+
+    def run(self, fn: Callable[..., Any], args: tuple = (), *, timeout_s: float) -> TaskOutcome:
+        """``submit`` + ``wait``; a pool-level failure is retried once on a fresh pool.
+
+        Never raises except ``ValueError`` for a non-positive ``timeout_s``.
+        """
+        outcome = TaskOutcome("pool_error", detail="not run")
+        for _ in range(2):
+            try:
+                future = self.submit(fn, args, timeout_s=timeout_s)
+            except RuntimeError as exc:
+                return TaskOutcome("pool_error", detail=str(exc))
+            outcome = self.wait(future, timeout_s=timeout_s)
+            if outcome.status != "pool_error":
+                return outcome
+            with self._lock:
+                pool = self._pool
+            if pool is not None:
+                self._discard(pool)
+        return outcome

@@ -1,0 +1,232 @@
+"""Group-relative advantages (GRPO, Eq. 4) and zero-advantage group detection.
+
+Source: Su et al., "Klear-Reasoner" (arXiv 2508.07629), Eq. 4 and Sec. 5.2.5;
+restated in ``shared/spec/klear-reasoner.md`` section 2.
+
+For one prompt the policy samples a group of M responses with rewards R(1..M):
+
+    A(j) = (R(j) - mean(R)) / (std(R) + epsilon)        (Eq. 4)
+
+with the POPULATION standard deviation (divide by M, not M - 1).  Groups are keyed
+by prompt id, not by position: members of a group need not be contiguous.
+
+A group whose rewards are all exactly equal (all correct, all wrong, or e.g. eight
+soft code rewards of 0.7) carries no policy gradient; Klear filters such groups out of
+the RL batch.  Equality is decided by comparing the raw rewards with ``==``, never by
+``std < threshold``: a float32 std of identical values can come out as ~1e-8 instead
+of 0, and a threshold would also swallow genuinely close-but-different rewards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from typing import Tuple, Union
+
+import torch
+
+__all__ = [
+    "all_equal_groups",
+    "compute_group_advantages",
+    "filter_mask_exact_correct",
+    "zero_advantage_group_mask",
+]
+
+GroupIds = Union[torch.Tensor, Sequence[Hashable]]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _as_1d(name: str, values: object) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        t = values
+    elif isinstance(values, (str, bytes)):
+        raise TypeError(f"{name} must be a 1-D tensor or a sequence of numbers, got {type(values).__name__}")
+    else:
+        try:
+            t = torch.as_tensor(values)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(f"{name} must be a 1-D tensor or a sequence of numbers: {exc}") from exc
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D (N,), got shape {tuple(t.shape)}")
+    if t.is_complex():
+        raise TypeError(f"{name} must be real, got dtype {t.dtype}")
+    return t
+
+
+def _group_index(group_ids: GroupIds, n: int, device: torch.device) -> Tuple[torch.Tensor, int]:
+    """Map group ids to dense indices 0..G-1. Returns ``(inverse (N,) long, G)``."""
+    if isinstance(group_ids, torch.Tensor):
+        if group_ids.dim() != 1:
+            raise ValueError(f"group_ids must be 1-D (N,), got shape {tuple(group_ids.shape)}")
+        if group_ids.is_floating_point() or group_ids.is_complex():
+            raise TypeError(f"a group_ids tensor must have an integer dtype, got {group_ids.dtype}")
+        if group_ids.shape[0] != n:
+            raise ValueError(f"group_ids has length {group_ids.shape[0]} but there are {n} values")
+        if n == 0:
+            return torch.zeros(0, dtype=torch.long, device=device), 0
+        uniq, inverse = torch.unique(group_ids, return_inverse=True)
+        return inverse.to(device=device, dtype=torch.long), int(uniq.numel())
+    is_sized_iterable = hasattr(group_ids, "__len__") and hasattr(group_ids, "__iter__")
+    if isinstance(group_ids, (str, bytes)) or not is_sized_iterable:
+        raise TypeError(
+            f"group_ids must be an integer tensor or a sequence of hashable prompt ids, "
+            f"got {type(group_ids).__name__}"
+        )
+    ids = list(group_ids)
+    if len(ids) != n:
+        raise ValueError(f"group_ids has length {len(ids)} but there are {n} values")
+    index: dict = {}
+    inverse_list = []
+    for i, gid in enumerate(ids):
+        try:
+            k = index.setdefault(gid, len(index))
+        except TypeError as exc:
+            raise TypeError(f"group_ids[{i}] = {gid!r} is not hashable") from exc
+        inverse_list.append(k)
+    return torch.tensor(inverse_list, dtype=torch.long, device=device), len(index)
+
+
+def _all_equal_by_index(values: torch.Tensor, inverse: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Per-sample bool: every value of the sample's group ``== `` the group's first value."""
+    n = values.shape[0]
+    if n == 0:
+        return torch.zeros(0, dtype=torch.bool, device=values.device)
+    positions = torch.arange(n, device=values.device)
+    first = torch.full((num_groups,), n, dtype=torch.long, device=values.device)
+    first = first.scatter_reduce(0, inverse, positions, reduce="amin", include_self=True)
+    equal = (values == values[first][inverse]).to(torch.int32)
+    group_ok = torch.ones(num_groups, dtype=torch.int32, device=values.device)
+    group_ok = group_ok.scatter_reduce(0, inverse, equal, reduce="amin", include_self=True)
+    return group_ok.bool()[inverse]
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def all_equal_groups(values: Union[torch.Tensor, Sequence], group_ids: GroupIds) -> torch.Tensor:
+    """Per-sample flag: are all values of this sample's group exactly equal?
+
+    Args:
+        values: ``(N,)`` tensor (any real dtype, bool included) or a sequence of numbers.
+            Compared with ``==`` exactly (no tolerance); a NaN is equal to nothing, so a
+            group containing NaN is never all-equal.
+        group_ids: ``(N,)`` integer tensor or a sequence of N hashable prompt ids.
+            Members of a group need not be contiguous.
+
+    Returns:
+        ``(N,)`` bool tensor on ``values``' device; True for every member of a group whose
+        values are all equal (a group of size 1 is all-equal).  Empty input gives an empty
+        tensor.
+
+    Raises:
+        ValueError: length mismatch, or a tensor argument that is not 1-D.
+        TypeError: unhashable ids, float id tensor, non-numeric values.
+    """
+    v = _as_1d("values", values)
+    inverse, g = _group_index(group_ids, v.shape[0], v.device)
+    return _all_equal_by_index(v, inverse, g)
+
+
+def zero_advantage_group_mask(rewards: Union[torch.Tensor, Sequence], group_ids: GroupIds) -> torch.Tensor:
+    """``(N,)`` bool, True for samples whose group's raw rewards are all exactly equal.
+
+    These are the zero-advantage groups Klear drops from the RL batch (Sec. 5.2.5); True
+    marks samples to DROP.  Same as the second output of
+    :func:`compute_group_advantages`, and as :func:`all_equal_groups` plus the reward
+    checks (ValueError on empty input or a non-finite reward).
+    """
+    r = _as_1d("rewards", rewards)
+    _check_rewards(r)
+    return all_equal_groups(r, group_ids)
+
+
+def filter_mask_exact_correct(is_correct: Union[torch.Tensor, Sequence], group_ids: GroupIds) -> torch.Tensor:
+    """``(N,)`` bool, True for samples whose group is all-correct or all-wrong.
+
+    The authors' code filters groups by exact correctness rather than by reward (this
+    differs from :func:`zero_advantage_group_mask` with soft rewards: eight failing
+    programs passing 2/16, 3/16, ... tests have different rewards but are all wrong).
+    True marks samples to DROP.
+
+    Args:
+        is_correct: ``(N,)`` bool tensor (or 0/1 ints, or a sequence of bools).
+        group_ids: ``(N,)`` integer tensor or sequence of hashable prompt ids.
+
+    Raises:
+        ValueError: length mismatch; values other than 0/1 / True/False.
+    """
+    c = _as_1d("is_correct", is_correct)
+    if c.dtype != torch.bool:
+        if c.numel() > 0 and bool(((c != 0) & (c != 1)).any()):
+            raise ValueError("is_correct must contain only booleans (or 0/1)")
+        c = c != 0
+    return all_equal_groups(c, group_ids)
+
+
+def _check_rewards(r: torch.Tensor) -> None:
+    if r.shape[0] == 0:
+        raise ValueError("rewards is empty")
+    if r.is_floating_point():
+        finite = torch.isfinite(r)
+        if not bool(finite.all()):
+            i = int((~finite).nonzero()[0, 0].item())
+            raise ValueError(f"rewards[{i}] = {r[i].item()} is not finite")
+
+
+def compute_group_advantages(
+    rewards: Union[torch.Tensor, Sequence],
+    group_ids: GroupIds,
+    *,
+    epsilon: float = 1e-6,
+    std_normalize: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """GRPO group-relative advantages (Eq. 4) and the zero-advantage-group flag.
+
+    ``A = (R - mean_g) / (std_g + epsilon)`` with the population std over the group
+    (``std_normalize=False``: ``A = R - mean_g``, the Dr. GRPO variant).  Mean and std
+    are computed in float64.  Groups whose raw rewards are all exactly equal (``==``)
+    get advantages of exactly 0.0, whatever rounding the std computation would give.
+
+    Args:
+        rewards: ``(N,)`` raw rewards (float or integer tensor, or a sequence of numbers);
+            soft rewards such as 0.7 are fine.
+        group_ids: ``(N,)`` integer tensor or a sequence of N hashable prompt ids
+            (str, int, tuple, ...).  Groups are keyed by id, not position; members may be
+            interleaved.
+        epsilon: ``>= 0`` added to the std (spec: 1e-6).
+        std_normalize: divide by ``std + epsilon`` (default) or only centre.
+
+    Returns:
+        ``(advantages, is_zero_adv_group)``: ``(N,)`` tensor of ``rewards.dtype``
+        (float32 for integer / bool rewards) on the rewards' device, and ``(N,)`` bool,
+        True for every member of an all-equal group (a group of size 1 included).
+
+    Raises:
+        ValueError: empty input, length mismatch, non-finite reward (names the index),
+            negative or non-finite epsilon, tensor arguments that are not 1-D.
+        TypeError: unhashable ids, float id tensor, complex or non-numeric rewards.
+    """
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+        raise TypeError(f"epsilon must be a number, got {epsilon!r}")
+    if not math.isfinite(epsilon) or epsilon < 0:
+        raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon}")
+    r = _as_1d("rewards", rewards)
+    _check_rewards(r)
+    out_dtype = r.dtype if r.is_floating_point() else torch.float32
+    inverse, g = _group_index(group_ids, r.shape[0], r.device)
+
+    r64 = r.to(torch.float64)
+    counts = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, torch.ones_like(r64))
+    mean = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, r64) / counts
+    centred = r64 - mean[inverse]
+    if std_normalize:
+        var = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, centred * centred) / counts
+        adv = centred / (var.sqrt()[inverse] + epsilon)
+    else:
+        adv = centred
+
+    is_zero = _all_equal_by_index(r, inverse, g)
+    adv = torch.where(is_zero, torch.zeros_like(adv), adv)
+    return adv.to(out_dtype), is_zero

@@ -1,0 +1,49 @@
+"""Trainer callbacks: per-step metrics as JSONL (resumable)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+
+class MetricsJsonlCallback(TrainerCallback):
+    """Append every training log (one dict per logging step) to a JSONL file.
+
+    Each line is ``{"step": global_step, "epoch": ..., <metric>: <float>, ...}``; non-finite values are
+    written as ``null`` so the file stays valid JSON. On resume, rows from steps after the checkpoint
+    (which are about to be recomputed) are removed first, so the file never holds a step twice.
+
+    Args:
+        path: the JSONL file (parent folders are created).
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            kept = []
+            for line in self.path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash mid-write
+                if row.get("step", 0) <= state.global_step:
+                    kept.append(json.dumps(row))
+            self.path.write_text("".join(k + "\n" for k in kept))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        row = {"step": state.global_step}
+        for key, value in logs.items():
+            if isinstance(value, (int, float)):
+                row[key] = value if math.isfinite(value) else None
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")

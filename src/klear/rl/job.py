@@ -1,0 +1,229 @@
+"""The ``klear rl`` job: data -> held-out eval -> GPPO training -> held-out eval -> report.
+
+Run directory layout (``output_dir``)::
+
+    config.yaml            the resolved recipe (after overrides)
+    metrics.jsonl          one row per optimizer step (reward, accuracy, losses, clip fractions, ...)
+    tensorboard/           TensorBoard events of the same metrics
+    checkpoints/           TRL/transformers checkpoints (``--resume`` continues from the latest)
+    eval_before.json       held-out greedy accuracy of the starting model (per-problem results)
+    eval_after.json        the same for the trained model
+    eval.json              the paired comparison: accuracies, mean difference, 95% interval, McNemar p
+    training_curves.png    reward, accuracy, clip fractions, entropy, grad norm vs step
+    final/                 the trained model and tokenizer
+
+Recipe sections: ``model`` (a path, a hub id, or ``embedded``), ``output_dir``, ``seed``, ``data``
+(``train``/``heldout`` sources, reasoning-gym ``tasks``, sizes), ``eval`` (held-out decoding) and
+``trainer`` (every field of :class:`klear.rl.trainer.GPPOConfig`, i.e. TRL's ``GRPOConfig`` plus the
+Klear settings). See ``configs/rl_demo.yaml`` and ``configs/rl_math_klear.yaml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer"}
+_DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "data_source", "instruction"}
+_EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size"}
+
+
+def _check_keys(section: dict, allowed: set[str], where: str, source: str) -> None:
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown} in {where}; allowed: {sorted(allowed)}")
+
+
+def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
+    """Check the recipe's structure before any heavy work.
+
+    Raises:
+        ValueError: an unknown key (named with its section and the file), a missing required key,
+            or a trainer field that :class:`GPPOConfig` rejects.
+    """
+    _check_keys(config, _TOP_KEYS, "the top level", source)
+    for key in ("model", "output_dir", "data", "trainer"):
+        if config.get(key) in (None, ""):
+            raise ValueError(f"{source}: '{key}' is required")
+    _check_keys(config["data"], _DATA_KEYS, "'data'", source)
+    _check_keys(config.get("eval") or {}, _EVAL_KEYS, "'eval'", source)
+    from klear.rl.trainer import GPPOConfig
+
+    fields = {f.name for f in dataclasses.fields(GPPOConfig)}
+    unknown = sorted(set(config["trainer"]) - fields)
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown} in 'trainer' (not GPPOConfig/GRPOConfig fields)")
+
+
+def _build_datasets(data: dict[str, Any], seed: int):
+    from klear.data.rl_data import load_rl_dataset, make_reasoning_gym_dataset, make_train_and_heldout
+
+    train_src, heldout_src = data.get("train", "reasoning_gym"), data.get("heldout")
+    rg_kwargs = {}
+    if data.get("instruction"):
+        rg_kwargs["instruction"] = data["instruction"]
+    if data.get("data_source"):
+        rg_kwargs["data_source"] = data["data_source"]
+    if train_src == "reasoning_gym":
+        if not data.get("tasks"):
+            raise ValueError("data.train=reasoning_gym needs data.tasks (a list of {name, config, weight})")
+        if heldout_src == "reasoning_gym":
+            return make_train_and_heldout(
+                data["tasks"], train_size=int(data["train_size"]), heldout_size=int(data["heldout_size"]),
+                seed=seed, **rg_kwargs,
+            )
+        train = make_reasoning_gym_dataset(data["tasks"], size=int(data["train_size"]), seed=seed, **rg_kwargs)
+    else:
+        train = load_rl_dataset(train_src)
+    if heldout_src in (None, "", "none"):
+        heldout = None
+    elif heldout_src == "reasoning_gym":
+        exclude = set(_question_texts(train))
+        heldout = make_reasoning_gym_dataset(
+            data["tasks"], size=int(data["heldout_size"]), seed=seed + 1, split="test",
+            exclude_questions=exclude, **rg_kwargs,
+        )
+    else:
+        heldout = load_rl_dataset(heldout_src)
+    return train, heldout
+
+
+def _question_texts(dataset) -> list[str]:
+    return [p[-1]["content"] for p in dataset["prompt"]]
+
+
+def _device_defaults(trainer_cfg: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    out = dict(trainer_cfg)
+    if not torch.cuda.is_available():
+        out.setdefault("use_cpu", True)
+        if out.get("bf16") or out.get("use_vllm"):
+            raise ValueError("trainer.bf16 / trainer.use_vllm need a GPU; none is visible")
+    return out
+
+
+def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:
+    """Run the RL job described by ``config`` (see the module docstring). Returns the ``eval.json`` content.
+
+    Args:
+        config: the recipe (already merged with overrides).
+        source: where it came from, for error messages.
+        resume: ``False``; ``True`` to continue from the latest checkpoint in ``output_dir/checkpoints``;
+            or a checkpoint path.
+
+    Raises:
+        ValueError: an invalid recipe (see :func:`validate_job_config`) or dataset.
+        FileNotFoundError: ``resume`` was asked but there is no checkpoint.
+    """
+    validate_job_config(config, source)
+    import torch
+    from transformers import AutoTokenizer
+
+    from klear.models.embedded import resolve_model_path
+    from klear.rl.callbacks import MetricsJsonlCallback
+    from klear.rl.trainer import GPPOConfig, GPPOTrainer
+
+    out = Path(config["output_dir"])
+    ckpt_dir = out / "checkpoints"
+    if resume is True:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+        if last is None:
+            raise FileNotFoundError(f"--resume: no checkpoint found in {ckpt_dir}")
+        resume = last
+    elif resume and not Path(resume).is_dir():
+        raise FileNotFoundError(f"--resume: checkpoint {resume} does not exist")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    seed = int(config.get("seed", 0))
+    torch.manual_seed(seed)
+    model_path = resolve_model_path(str(config["model"]))
+    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    t0 = time.time()
+    train, heldout = _build_datasets(config["data"], seed)
+    logger.info("data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0,
+                time.time() - t0)
+
+    trainer_cfg = _device_defaults(config["trainer"])
+    trainer_cfg.setdefault("seed", seed)
+    trainer_cfg.setdefault("logging_steps", 1)
+    trainer_cfg.setdefault("report_to", ["tensorboard"])
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
+    args = GPPOConfig(output_dir=str(ckpt_dir), **trainer_cfg)
+    trainer = GPPOTrainer(
+        model=model_path,
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+    )
+
+    eval_cfg = {"enabled": True, "max_new_tokens": args.max_completion_length, "batch_size": 64,
+                **(config.get("eval") or {})}
+    do_eval = heldout is not None and eval_cfg["enabled"]
+    before = None
+    if do_eval:
+        before = _heldout_eval(trainer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(resume))
+        print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
+
+    trainer.train(resume_from_checkpoint=resume or None)
+    trainer.save_model(str(out / "final"))
+    tokenizer.save_pretrained(str(out / "final"))
+
+    report: dict[str, Any] = {"model": str(config["model"]), "steps": trainer.state.global_step}
+    if do_eval:
+        after = _heldout_eval(trainer, heldout, eval_cfg, out / "eval_after.json", reuse=False)
+        from klear.eval.heldout import paired_difference
+
+        report.update(paired_difference(before["correct"], after["correct"]))
+        (out / "eval.json").write_text(json.dumps(report, indent=2))
+        print(format_report(report), flush=True)
+    if (out / "metrics.jsonl").is_file():
+        from klear.utils.plotting import plot_training_curves
+
+        try:
+            png = plot_training_curves(out / "metrics.jsonl", out / "training_curves.png", title=str(out))
+            print(f"training curves: {png}", flush=True)
+        except ValueError as e:  # no logged step (e.g. max_steps=0)
+            logger.warning("no plot: %s", e)
+    return report
+
+
+def _heldout_eval(trainer, heldout, eval_cfg: dict, path: Path, *, reuse: bool) -> dict[str, Any]:
+    """Greedy held-out accuracy of the trainer's current model; saved to ``path`` (reused on resume)."""
+    from klear.eval.heldout import evaluate
+
+    if reuse and path.is_file():
+        return json.loads(path.read_text())
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    was_training = model.training
+    result = evaluate(model, trainer.processing_class, heldout,
+                      max_new_tokens=int(eval_cfg["max_new_tokens"]), batch_size=int(eval_cfg["batch_size"]))
+    if was_training:
+        model.train()
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """One human-readable paragraph of the paired held-out comparison."""
+    return (
+        f"held-out greedy accuracy (n={report['n']}): before {report['before']:.3f} -> after {report['after']:.3f}; "
+        f"paired difference {report['mean_diff']:+.3f}, 95% CI [{report['ci_low']:+.3f}, {report['ci_high']:+.3f}]; "
+        f"improved {report['n_improved']}, worsened {report['n_worsened']}, McNemar p={report['mcnemar_p']:.2g}"
+    )

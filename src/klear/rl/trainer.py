@@ -1,0 +1,424 @@
+"""``GPPOTrainer``: Klear-Reasoner's RL stage as a thin subclass of TRL's ``GRPOTrainer``.
+
+TRL gives us rollout generation (transformers or vLLM), accelerate/DeepSpeed/FSDP, gradient
+accumulation, checkpointing and logging. This module only re-routes three hooks:
+
+* ``_generate_and_score_completions``: after TRL has generated and scored a rollout batch, we
+  recompute the advantages with Eq. 4 keyed by PROMPT ID (:func:`klear.rl.advantages.
+  compute_group_advantages`), mark zero-advantage groups, correct responses and truncated
+  responses, and log the rollout metrics of spec Sec. 8.
+* ``_prepare_inputs``: after TRL has split one rollout batch into ``steps_per_generation``
+  micro-batches, we annotate each micro-batch with the exact loss-token counts of its optimizer
+  step's window (all micro-batches of that step, all processes).
+* ``_compute_loss``: per-token log-probs come from TRL (temperature-scaled, the same function
+  that produced ``old_log_prob``), the loss from :func:`klear.rl.losses.policy_loss` and
+  :func:`klear.rl.losses.sft_loss` (Eq. 14: ``L = L_GPPO + alpha * L_LM``).
+
+All the math lives in ``klear.rl.losses`` and ``klear.rl.advantages``; this file only moves
+tensors and counts.
+
+Deliberate deviations
+---------------------
+From the paper (arXiv 2508.07629):
+
+1. Zero-advantage groups (and, with ``overlong_filter``, truncated responses) are removed by
+   MASKING: they stay in the micro-batch tensors but carry no loss and no tokens in the
+   normaliser. The paper drops them from the batch. The loss and gradient are identical; only
+   the compute spent on their forward/backward is not saved.
+2. "All rewards equal" is decided on the raw rewards (exact float equality), so soft code rewards
+   (e.g. eight rewards of 0.7) are filtered too. The paper does not say how soft-reward groups
+   are decided.
+3. Truncation ("overlong filter") is decided by the finish reason: a response is truncated when
+   it reached ``max_completion_length`` without ending in one of the generation stop tokens
+   (``generation_config.eos_token_id``, which for Qwen-style chat models is ``<|im_end|>``, not
+   ``tokenizer.eos_token_id``). A stop-token at exactly the limit counts as finished, as vLLM's
+   ``finish_reason`` does.
+4. The SFT term uses the same temperature-scaled log-probs as the policy loss (the paper's
+   rollout temperature is 1.0, where this is no difference).
+5. Off-policy mini-batches: TRL shuffles the samples of a rollout batch before splitting it
+   into micro-batches, so an optimizer step sees a random subset of SAMPLES, not of whole
+   prompt groups. Advantages are computed on whole groups before the split, so this changes
+   only which samples share a step.
+
+From the authors' released code (verl fork, ``Kwai-Klear/KlearReasoner``):
+
+6. The authors filter groups on exact correctness (all correct or all wrong); our default is
+   the raw-reward rule (2). ``zero_adv_criterion="correctness"`` reproduces theirs.
+7. Token-mean is exact per optimizer step: the divisor is the number of loss tokens of the
+   whole step (all gradient-accumulation micro-batches, all processes), computed once per rollout
+   batch; the SFT term is divided by the correct-response tokens of the same step (Eq. 13).
+   verl normalises per micro-batch and rescales by the accumulation count, which is exact only
+   when every micro-batch holds the same number of tokens. TRL's own ``dapo`` normaliser is the
+   rollout batch's token count rescaled by ``gradient_accumulation_steps / steps_per_generation``,
+   which is also only an estimate when ``steps_per_generation`` exceeds the accumulation.
+8. Dual-clip, GPPO and CISPO share one implementation (``klear.rl.losses``) rather than the
+   authors' per-mode code paths; the forward values and gradients match their equations
+   (tested against hand-computed float64 gradients).
+
+Not supported (rejected with a ``ValueError`` rather than silently ignored): a KL term
+(``beta != 0``; Klear uses none), entropy bonus, TRL's entropy-quantile / off-policy masks,
+sequence-level importance sampling, TRL's vLLM importance-sampling correction, sampling with
+``top_p < 1``, ``top_k``, ``min_p`` or a repetition penalty (the recomputed log-probs would not be
+those of the sampling distribution, so the first update's ratio would not be 1), and
+``steps_per_generation`` that is not a multiple of ``gradient_accumulation_steps``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from klear.rl.advantages import all_equal_groups, compute_group_advantages
+from klear.rl.losses import policy_loss, sft_loss
+
+logger = logging.getLogger(__name__)
+
+LOSS_MODES = ("ppo_clip", "gppo", "gppo_only_high", "cispo")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+ZERO_ADV_CRITERIA = ("reward", "correctness")
+
+
+@dataclass
+class GPPOConfig(GRPOConfig):
+    """``GRPOConfig`` plus the Klear-Reasoner RL settings (spec Sec. 3 and 6).
+
+    The paper's math-stage values: ``clip_ratio_low=0.2``, ``clip_ratio_high=0.28``,
+    ``clip_ratio_c=10``, ``alpha=0.1``, ``loss_agg_mode="token-mean"``, zero-advantage filter on,
+    no KL (``beta=0``), temperature 1.0, top-p 1.0. ``clip_ratio_low``/``clip_ratio_high`` are
+    copied into TRL's ``epsilon``/``epsilon_high`` so TRL-side code sees the same values.
+
+    Raises:
+        ValueError: unknown ``loss_mode``/``loss_agg_mode``/``zero_adv_criterion``, ``clip_ratio_c <= 1``,
+            or a TRL option this trainer does not support (see the module docstring).
+    """
+
+    loss_mode: str = field(default="gppo", metadata={"help": f"Policy loss: one of {LOSS_MODES}."})
+    clip_ratio_low: float = field(default=0.2, metadata={"help": "eps_low (Eq. 5)."})
+    clip_ratio_high: float = field(default=0.28, metadata={"help": "eps_high (Clip-Higher, Eq. 6)."})
+    clip_ratio_c: float | None = field(default=10.0, metadata={"help": "Dual-clip bound c (> 1) for A < 0; None: off."})
+    beta1: float = field(default=1.0, metadata={"help": "General GPPO low-side gradient scale (Eq. 17)."})
+    beta2: float = field(default=1.0, metadata={"help": "General GPPO high-side gradient scale (Eq. 17)."})
+    loss_agg_mode: str = field(default="token-mean", metadata={"help": f"One of {LOSS_AGG_MODES}."})
+    alpha: float = field(default=0.1, metadata={"help": "Weight of the SFT loss on correct rollouts (Eq. 14)."})
+    correct_reward: float = field(default=1.0, metadata={"help": "A response is correct when its reward equals this."})
+    filter_zero_adv_groups: bool = field(default=True, metadata={"help": "Remove zero-advantage groups from the loss."})
+    zero_adv_criterion: str = field(
+        default="reward",
+        metadata={"help": "'reward': all raw rewards equal; 'correctness': all correct or all wrong (authors' code)."},
+    )
+    overlong_filter: bool = field(default=False, metadata={"help": "Mask truncated responses out of the loss."})
+    adv_epsilon: float = field(default=1e-6, metadata={"help": "Epsilon in the std of Eq. 4."})
+    vllm_importance_sampling_correction: bool = field(
+        default=False, metadata={"help": "Not supported by GPPOTrainer (TRL's default is True); must stay False."}
+    )
+
+    def __post_init__(self):
+        if self.loss_mode not in LOSS_MODES:
+            raise ValueError(f"loss_mode={self.loss_mode!r} is unknown; expected one of {LOSS_MODES}")
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"loss_agg_mode={self.loss_agg_mode!r} is unknown; expected one of {LOSS_AGG_MODES}")
+        if self.zero_adv_criterion not in ZERO_ADV_CRITERIA:
+            raise ValueError(
+                f"zero_adv_criterion={self.zero_adv_criterion!r} is unknown; expected one of {ZERO_ADV_CRITERIA}"
+            )
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
+            raise ValueError(f"clip_ratio_c must be > 1 (or None to disable dual clip), got {self.clip_ratio_c}")
+        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0:
+            raise ValueError("clip_ratio_low and clip_ratio_high must be >= 0")
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        unsupported = {
+            "beta": (self.beta, 0.0, "Klear-Reasoner uses no KL term"),
+            "top_p": (self.top_p, 1.0, "log-probs are recomputed over the full vocabulary"),
+            "repetition_penalty": (self.repetition_penalty, 1.0, "log-probs would not match the sampler"),
+            "entropy_coef": (self.entropy_coef, 0.0, "Klear-Reasoner uses no entropy bonus"),
+            "top_entropy_quantile": (self.top_entropy_quantile, 1.0, "not part of the recipe"),
+            "importance_sampling_level": (self.importance_sampling_level, "token", "GPPO is token-level"),
+            "off_policy_mask_threshold": (self.off_policy_mask_threshold, None, "not part of the recipe"),
+            "mask_truncated_completions": (
+                self.mask_truncated_completions, False, "use overlong_filter=True (decided by finish reason)"),
+            "use_adaptive_entropy": (self.use_adaptive_entropy, False, "not part of the recipe"),
+        }
+        for name, (value, expected, why) in unsupported.items():
+            if value != expected:
+                raise ValueError(f"GPPOConfig.{name}={value!r} is not supported (expected {expected!r}): {why}.")
+        if self.top_k not in (None, 0, -1):
+            raise ValueError(f"GPPOConfig.top_k={self.top_k!r} is not supported: rollouts must sample the full vocabulary.")
+        if self.min_p is not None:
+            raise ValueError(f"GPPOConfig.min_p={self.min_p!r} is not supported: rollouts must sample the full vocabulary.")
+        if self.vllm_importance_sampling_correction:
+            # TRL's correction multiplies the per-token loss by a ratio our policy_loss has no slot for.
+            raise ValueError("GPPOConfig.vllm_importance_sampling_correction=True is not supported.")
+        self.epsilon = self.clip_ratio_low
+        self.epsilon_high = self.clip_ratio_high
+        self.loss_type = "dapo"  # only TRL-side bookkeeping; the loss is ours
+        super().__post_init__()
+        if self.steps_per_generation % self.gradient_accumulation_steps != 0:
+            raise ValueError(
+                f"steps_per_generation ({self.steps_per_generation}) must be a multiple of gradient_accumulation_steps "
+                f"({self.gradient_accumulation_steps}): each optimizer step must draw all its micro-batches from one "
+                "rollout batch so its token-mean divisor is exact."
+            )
+
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        """Optimizer steps taken on one rollout batch (the paper's off-policy mini-batches; 8 for math)."""
+        return self.steps_per_generation // self.gradient_accumulation_steps
+
+
+def _prompt_key(example: dict[str, Any], prompt: Any) -> str:
+    """Group id of one rollout: the dataset's ``prompt_id`` if present, else a hash of the prompt."""
+    pid = example.get("prompt_id")
+    if pid is not None:
+        return str(pid)
+    return "sha1:" + hashlib.sha1(json.dumps(prompt, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def truncated_mask(completion_ids: torch.Tensor, completion_mask: torch.Tensor, max_completion_length: int,
+                   stop_token_ids: list[int]) -> torch.Tensor:
+    """Which responses were cut by the length limit (finish reason ``"length"``), as a ``(B,)`` bool tensor.
+
+    A response is truncated when it holds ``max_completion_length`` tokens and its last token is not one of
+    the generation's stop tokens. This is the finish reason, not "last token != tokenizer.eos_token_id":
+    Qwen-style chat models stop on ``<|im_end|>``, which is not their ``eos_token_id``, and a response that
+    stops (on a stop token or a stop string) before the limit is never truncated.
+
+    Args:
+        completion_ids: ``(B, T)`` int, right-padded responses.
+        completion_mask: ``(B, T)`` 0/1, 1 on response tokens (before any loss masking).
+        max_completion_length: the generation limit in tokens.
+        stop_token_ids: every token id that ends a generation (``generation_config.eos_token_id`` and the
+            tokenizer's eos).
+    """
+    lengths = completion_mask.sum(dim=1)
+    last = completion_ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    ends_with_stop = torch.isin(last, torch.as_tensor(list(stop_token_ids), device=completion_ids.device))
+    return (lengths >= max_completion_length) & ~ends_with_stop
+
+
+class GPPOTrainer(GRPOTrainer):
+    """GRPO trainer with Klear-Reasoner's GPPO loss, SFT-on-correct term and batch filters.
+
+    Construct it like TRL's ``GRPOTrainer`` (``model``, ``reward_funcs``, ``args``, ``train_dataset``,
+    ``processing_class``, ...), with ``args`` a :class:`GPPOConfig`. ``reward_funcs`` defaults to
+    :func:`klear.rl.reward_fn.klear_reward` (dispatch on the ``data_source`` column).
+
+    Dataset columns used besides ``prompt``: ``prompt_id`` (group key; a hash of the prompt when
+    absent) and whatever the reward function needs (``data_source``, ``reward_model``).
+
+    Metrics added to TRL's (prefix ``klear/``): ``accuracy``, ``zero_adv_group_frac``,
+    ``filtered_sample_frac``, ``truncated_frac``, ``policy_loss``, ``sft_loss``, ``clip_frac_high``,
+    ``clip_frac_low``, ``dual_clip_frac``, ``ppo_kl``, ``ratio_mean``, ``ratio_max``,
+    ``num_loss_tokens``, ``num_sft_tokens``; TRL logs ``reward``, ``entropy``, ``grad_norm``,
+    ``completions/mean_length``.
+    """
+
+    _tag_names = ["trl", "grpo", "gppo", "klear"]
+    _name = "GPPO"
+
+    def __init__(self, model, reward_funcs=None, args: GPPOConfig | None = None, **kwargs):
+        if args is None:
+            raise ValueError("GPPOTrainer needs args=GPPOConfig(...)")
+        if not isinstance(args, GPPOConfig):
+            raise TypeError(f"args must be a GPPOConfig, got {type(args).__name__}")
+        if reward_funcs is None:
+            from klear.rl.reward_fn import klear_reward
+
+            reward_funcs = klear_reward
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
+        self._klear_rollout: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ rollout side
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        from accelerate.utils import gather_object
+
+        group_ids = gather_object([_prompt_key(x, p) for x, p in zip(inputs, prompts, strict=True)])
+        self._klear_rollout = {"rewards_per_func": rewards_per_func, "group_ids": group_ids}
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        rollout, self._klear_rollout = self._klear_rollout, None
+        if rollout is None:  # pragma: no cover - TRL always scores through _calculate_rewards
+            raise RuntimeError("TRL did not call _calculate_rewards; GPPOTrainer cannot compute advantages")
+        args: GPPOConfig = self.args
+        device = output["completion_ids"].device
+        mode = "train" if self.model.training else "eval"
+
+        rewards_per_func = rollout["rewards_per_func"]
+        bad = torch.isnan(rewards_per_func).any(dim=1).nonzero().flatten()
+        if bad.numel():
+            raise ValueError(
+                f"reward function returned None/NaN for rollout sample {bad[0].item()} (of {len(rewards_per_func)}); "
+                "every response must get a reward"
+            )
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).sum(dim=1)
+        group_ids = rollout["group_ids"]
+        advantages, zero_adv = compute_group_advantages(rewards, group_ids, epsilon=args.adv_epsilon)
+        is_correct = rewards == args.correct_reward
+        if args.zero_adv_criterion == "correctness":
+            zero_adv = all_equal_groups(is_correct, group_ids)
+
+        # This process's slice (TRL gathers rewards across processes for group statistics).
+        n_local = output["completion_ids"].size(0)
+        start = self.accelerator.process_index * n_local
+        local = slice(start, start + n_local)
+
+        is_truncated = truncated_mask(
+            output["completion_ids"], output["completion_mask"], self.max_completion_length, self.eos_token_ids
+        )
+
+        keep = torch.ones(n_local, dtype=torch.bool, device=device)
+        if args.filter_zero_adv_groups and mode == "train":
+            keep &= ~zero_adv[local].to(device)
+        if args.overlong_filter:
+            keep &= ~is_truncated
+
+        output["advantages"] = advantages[local].to(device=device, dtype=torch.float32)
+        output["klear_keep"] = keep
+        output["klear_is_correct"] = is_correct[local].to(device)
+
+        # Rollout metrics (spec Sec. 8), over all processes.
+        n_groups = len(set(group_ids))
+        zero_groups = len({g for g, z in zip(group_ids, zero_adv.tolist()) if z})
+        truncated_all = self.accelerator.gather(is_truncated)
+        keep_all = self.accelerator.gather(keep)
+        m = self._metrics[mode]
+        m["klear/accuracy"].append(is_correct.float().mean().item())
+        m["klear/zero_adv_group_frac"].append(zero_groups / max(n_groups, 1))
+        m["klear/truncated_frac"].append(truncated_all.float().mean().item())
+        m["klear/filtered_sample_frac"].append(1.0 - keep_all.float().mean().item())
+        return output
+
+    def _prepare_inputs(self, generation_batch):
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        before = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        if self._buffered_inputs is not before:
+            self._annotate_optimizer_windows(self._buffered_inputs)
+        return inputs
+
+    def _annotate_optimizer_windows(self, micro_batches: list[dict[str, Any]]) -> None:
+        """Store in each micro-batch the exact token/sequence counts of its optimizer step.
+
+        Micro-batch ``i`` of a rollout batch belongs to optimizer step ``i // gradient_accumulation_steps``.
+        Counts are summed over the window's micro-batches and all processes, then divided by the number of
+        processes because DDP/FSDP/DeepSpeed AVERAGE gradients over processes.
+        """
+        ga = self.args.gradient_accumulation_steps
+        n_windows = len(micro_batches) // ga
+        counts = torch.zeros(n_windows, 3, dtype=torch.float64, device=self.accelerator.device)
+        for i, mb in enumerate(micro_batches):
+            loss_mask = self._loss_mask(mb)
+            correct = mb["klear_is_correct"].to(loss_mask.dtype).unsqueeze(1)
+            counts[i // ga, 0] += loss_mask.sum()
+            counts[i // ga, 1] += (loss_mask * correct).sum()
+            counts[i // ga, 2] += (loss_mask.sum(dim=1) > 0).sum()
+        counts = self.accelerator.reduce(counts, reduction="sum") / self.accelerator.num_processes
+        for i, mb in enumerate(micro_batches):
+            mb["klear_num_tokens"] = counts[i // ga, 0].float()
+            mb["klear_num_sft_tokens"] = counts[i // ga, 1].float()
+            mb["klear_num_seqs"] = counts[i // ga, 2].float()
+
+    @staticmethod
+    def _loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
+        """(B, T) float mask of the tokens that enter the loss: completion (and tool) mask times the keep flag."""
+        mask = inputs["completion_mask"].float()
+        if inputs.get("tool_mask") is not None:
+            mask = mask * inputs["tool_mask"].float()
+        keep = inputs.get("klear_keep")
+        if keep is not None:
+            mask = mask * keep.to(mask.dtype).unsqueeze(1)
+        return mask
+
+    # ------------------------------------------------------------------ loss side
+    def _compute_loss(self, model, inputs):
+        args: GPPOConfig = self.args
+        mode = "train" if self.model.training else "eval"
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        log_prob, entropies, _ = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=True,
+            pixel_values=inputs.get("pixel_values"),
+            image_grid_thw=inputs.get("image_grid_thw"),
+            num_images=inputs.get("num_images"),
+            pixel_attention_mask=inputs.get("pixel_attention_mask"),
+            spatial_shapes=inputs.get("spatial_shapes"),
+            num_tiles=inputs.get("num_tiles"),
+            image_sizes=inputs.get("image_sizes"),
+            token_type_ids=inputs.get("token_type_ids"),
+            mm_token_type_ids=inputs.get("mm_token_type_ids"),
+            image_position_ids=inputs.get("image_position_ids"),
+        )
+        old_log_prob = inputs.get("old_per_token_logps")
+        if old_log_prob is None:  # on-policy step: TRL skips the recomputation, the ratio is exactly 1
+            old_log_prob = log_prob.detach()
+        loss_mask = self._loss_mask(inputs)
+        is_correct = inputs["klear_is_correct"]
+
+        windowed = mode == "train" and "klear_num_tokens" in inputs
+        num_tokens = inputs["klear_num_tokens"].clamp(min=1.0) if windowed else None
+        num_sft_tokens = inputs["klear_num_sft_tokens"].clamp(min=1.0) if windowed else None
+
+        pg_loss, pg_metrics = policy_loss(
+            log_prob,
+            old_log_prob,
+            inputs["advantages"],
+            loss_mask,
+            loss_mode=args.loss_mode,
+            clip_ratio_low=args.clip_ratio_low,
+            clip_ratio_high=args.clip_ratio_high,
+            clip_ratio_c=args.clip_ratio_c,
+            beta1=args.beta1,
+            beta2=args.beta2,
+            loss_agg_mode=args.loss_agg_mode,
+            num_tokens=num_tokens if args.loss_agg_mode == "token-mean" else None,
+        )
+        if windowed and args.loss_agg_mode != "token-mean":
+            # seq-mean modes average over this micro-batch's kept sequences; re-weight to the window's count.
+            local_seqs = (loss_mask.sum(dim=1) > 0).sum()
+            pg_loss = pg_loss * local_seqs / inputs["klear_num_seqs"].clamp(min=1.0)
+        if not windowed and mode == "train":  # pragma: no cover - every training micro-batch is annotated
+            raise RuntimeError("training micro-batch without optimizer-window token counts")
+
+        loss = pg_loss
+        if args.alpha != 0.0:
+            lm_loss = sft_loss(log_prob, loss_mask, is_correct, num_tokens=num_sft_tokens)
+            loss = loss + args.alpha * lm_loss
+        else:
+            lm_loss = torch.zeros((), device=log_prob.device)
+
+        # Metrics (averaged over processes; TRL averages them again over the logging interval).
+        token_mask = completion_mask.float()
+        gather = self.accelerator.gather
+        m = self._metrics[mode]
+        m["klear/policy_loss"].append(gather(pg_loss.detach().reshape(1)).mean().item())
+        m["klear/sft_loss"].append(gather(lm_loss.detach().reshape(1)).mean().item())
+        ent = torch.stack([(entropies.detach() * token_mask).sum(), token_mask.sum()])
+        ent = self.accelerator.reduce(ent, reduction="sum")
+        m["entropy"].append((ent[0] / ent[1].clamp(min=1.0)).item())
+        if windowed:  # the exact divisors of this optimizer step (all processes)
+            n_proc = self.accelerator.num_processes
+            m["klear/num_loss_tokens"].append(inputs["klear_num_tokens"].item() * n_proc)
+            m["klear/num_sft_tokens"].append(inputs["klear_num_sft_tokens"].item() * n_proc)
+        for key in ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ppo_kl", "ratio_mean", "ratio_max"):
+            if key in pg_metrics:
+                value = torch.as_tensor(pg_metrics[key], dtype=torch.float32, device=log_prob.device).reshape(1)
+                value = gather(value)
+                m[f"klear/{key}"].append((value.max() if key == "ratio_max" else value.mean()).item())
+        return loss

@@ -1,0 +1,145 @@
+"""The `klear rl` job end to end on a tiny model: outputs, resume, config errors, dataset errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from klear.cli import main
+from klear.config import apply_overrides, load_config, parse_override
+from klear.rl.job import run_rl, validate_job_config
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _rows(n, start=0):
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
+            "data_source": "math_test",
+            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+            "extra_info": {"index": i},
+        }
+        for i in range(start, start + n)
+    ]
+
+
+@pytest.fixture()
+def tiny_ckpt(tmp_path, tiny_model):
+    model, tok = tiny_model
+    path = tmp_path / "tiny"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _job(tmp_path, ckpt, **trainer):
+    train = _write_jsonl(tmp_path / "train.jsonl", _rows(8))
+    heldout = _write_jsonl(tmp_path / "heldout.jsonl", _rows(4, start=100))
+    cfg = {
+        "model": str(ckpt),
+        "output_dir": str(tmp_path / "run"),
+        "seed": 0,
+        "data": {"train": str(train), "heldout": str(heldout)},
+        "eval": {"max_new_tokens": 4, "batch_size": 4},
+        "trainer": {
+            "num_generations": 2,
+            "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 1,
+            "steps_per_generation": 2,
+            "max_completion_length": 4,
+            "max_steps": 2,
+            "learning_rate": 1e-4,
+            "save_steps": 1,
+            "report_to": ["tensorboard"],
+            **trainer,
+        },
+    }
+    return cfg
+
+
+def test_job_outputs_and_resume(tmp_path, tiny_ckpt):
+    cfg = _job(tmp_path, tiny_ckpt)
+    report = run_rl(cfg)
+    run = tmp_path / "run"
+    for name in ("config.yaml", "metrics.jsonl", "eval_before.json", "eval_after.json", "eval.json",
+                 "training_curves.png", "final/config.json"):
+        assert (run / name).exists(), name
+    assert list((run / "tensorboard").glob("**/events.out.tfevents.*"))
+    assert sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "klear/policy_loss" in r] == [1, 2]
+    assert report["n"] == 4 and report["steps"] == 2
+    saved = json.loads((run / "eval.json").read_text())
+    assert saved["mean_diff"] == pytest.approx(saved["after"] - saved["before"])
+
+    # Resume: continue the same run to 3 steps; the metrics file must not hold a step twice.
+    cfg["trainer"]["max_steps"] = 3
+    report = run_rl(cfg, resume=True)
+    assert report["steps"] == 3
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "klear/policy_loss" in r]
+    assert steps == [1, 2, 3]
+
+
+def test_resume_without_checkpoint_fails(tmp_path, tiny_ckpt):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        run_rl(_job(tmp_path, tiny_ckpt), resume=True)
+
+
+def test_row_without_ground_truth_names_file_row_field(tmp_path, tiny_ckpt, capsys):
+    rows = _rows(4)
+    del rows[2]["reward_model"]["ground_truth"]
+    bad = _write_jsonl(tmp_path / "bad.jsonl", rows)
+    cfg_path = tmp_path / "recipe.yaml"
+    cfg = _job(tmp_path, tiny_ckpt)
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    code = main(["rl", "--config", str(cfg_path), f"data.train={bad}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "bad.jsonl" in err and "row 2" in err and "reward_model.ground_truth" in err
+
+
+def test_unknown_keys_are_named(tmp_path, tiny_ckpt):
+    cfg = _job(tmp_path, tiny_ckpt)
+    with pytest.raises(ValueError, match=r"recipe.yaml.*'lerning_rate'"):
+        validate_job_config(apply_overrides(cfg, ["trainer.lerning_rate=1"]), "recipe.yaml")
+    with pytest.raises(ValueError, match=r"'tran'.*'data'"):
+        validate_job_config(apply_overrides(cfg, ["data.tran=x"]), "recipe.yaml")
+    with pytest.raises(ValueError, match="'model' is required"):
+        validate_job_config({**cfg, "model": None}, "recipe.yaml")
+
+
+def test_overrides_parse_yaml_values():
+    assert parse_override("trainer.learning_rate=1e-6") == (["trainer", "learning_rate"], 1e-6)
+    assert parse_override("a=true") == (["a"], True)
+    assert parse_override("a=[1, 2]") == (["a"], [1, 2])
+    assert parse_override("a.b=text") == (["a", "b"], "text")
+    with pytest.raises(ValueError, match="key=value"):
+        parse_override("oops")
+    out = apply_overrides({"a": {"b": 1}}, ["a.c=2", "d.e=3"])
+    assert out == {"a": {"b": 1, "c": 2}, "d": {"e": 3}}
+    with pytest.raises(ValueError, match="not a section"):
+        apply_overrides({"a": 1}, ["a.b=2"])
+
+
+def test_shipped_recipes_are_valid():
+    for name in ("rl_demo", "rl_math_klear"):
+        cfg, path = load_config(name)
+        if cfg.get("model") is None:  # the paper recipe needs the user's SFT checkpoint and data
+            cfg = apply_overrides(cfg, ["model=/ckpt", "data.train=/data.parquet"])
+        validate_job_config(cfg, str(path))
+    paper, _ = load_config("rl_math_klear")
+    t = paper["trainer"]
+    # spec Sec. 6 numbers
+    assert t["learning_rate"] == 1e-6 and t["warmup_steps"] == 10 and t["weight_decay"] == 0.1
+    assert (t["clip_ratio_low"], t["clip_ratio_high"], t["clip_ratio_c"], t["alpha"]) == (0.2, 0.28, 10.0, 0.1)
+    assert t["num_generations"] == 8 and t["max_completion_length"] == 32768 and t["loss_mode"] == "gppo"
+    per_step = t["per_device_train_batch_size"] * t["gradient_accumulation_steps"] * 8
+    assert per_step == 16 * 8  # mini-batch 16 prompts x 8 responses on 8 processes
+    assert t["steps_per_generation"] * t["per_device_train_batch_size"] * 8 == 128 * 8

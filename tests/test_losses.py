@@ -1,0 +1,496 @@
+"""Tests for klear.rl.losses: values, GRADIENTS (spec 3.1-3.7 gradient table), masking,
+aggregation, micro-batching, dtypes and errors.
+
+Expected values are written by hand or computed in float64 with a different formula
+(the literal torch.min / torch.clamp expressions of the paper).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from klear.rl.losses import LOSS_AGG_MODES, LOSS_MODES, policy_loss, sft_loss
+
+F64 = torch.float64
+EPS_LOW, EPS_HIGH, C = 0.2, 0.28, 10.0  # lo = 0.8, hi = 1.28
+
+# --------------------------------------------------------------------------- gradient table
+# (name, ratio r, advantage A).  Each case is one unmasked token.
+CASES = [
+    ("inside_pos", 1.1, 1.5),
+    ("inside_neg", 0.9, -0.7),
+    ("low_negA", 0.5, -1.0),  # r < 1 - eps_low, A < 0: low-side clipped branch taken
+    ("low_posA", 0.5, 2.0),  # r < 1 - eps_low, A > 0: NOT clipped for PPO
+    ("high_posA", 2.0, 1.0),  # r > 1 + eps_high, A > 0: high-side clipped branch taken
+    ("high_negA", 2.0, -1.2),  # r > 1 + eps_high, A < 0, r < c: NOT clipped for PPO
+    ("dual_cap", 20.0, -0.5),  # A < 0, r > c = 10: dual-clip cap taken
+    ("zero_adv", 3.0, 0.0),  # A = 0: no gradient whatever F
+]
+
+# F per case, written out by hand from spec 3.3-3.5 (lo = 0.8, hi = 1.28), WITH dual clip c=10.
+MODE_CONFIGS = {
+    "ppo_clip": dict(loss_mode="ppo_clip"),
+    "gppo": dict(loss_mode="gppo"),
+    "gppo_b0.5_1": dict(loss_mode="gppo", beta1=0.5, beta2=1.0),
+    "gppo_b0.25_0.7": dict(loss_mode="gppo", beta1=0.25, beta2=0.7),
+    "gppo_only_high": dict(loss_mode="gppo_only_high"),
+    "gppo_only_high_b2_0.7": dict(loss_mode="gppo_only_high", beta2=0.7),
+    "cispo": dict(loss_mode="cispo"),
+}
+F_TABLE = {
+    #                 inside_pos inside_neg low_negA low_posA high_posA high_negA dual_cap zero_adv
+    "ppo_clip":              [1.1, 0.9, 0.0,   0.5, 0.0,   2.0,  0.0, 0.0],
+    "gppo":                  [1.1, 0.9, 0.8,   0.5, 1.28,  2.0,  0.0, 0.0],
+    "gppo_b0.5_1":           [1.1, 0.9, 0.4,   0.5, 1.28,  2.0,  0.0, 0.0],
+    "gppo_b0.25_0.7":        [1.1, 0.9, 0.2,   0.5, 0.896, 2.0,  0.0, 0.0],
+    "gppo_only_high":        [1.1, 0.9, 0.0,   0.5, 1.28,  2.0,  0.0, 0.0],
+    "gppo_only_high_b2_0.7": [1.1, 0.9, 0.0,   0.5, 0.896, 2.0,  0.0, 0.0],
+    "cispo":                 [1.1, 0.9, 0.8,   0.8, 1.28,  1.28, 0.0, 0.0],
+}
+# Without dual clip only the dual_cap token (r = 20, A < 0) changes: unclipped branch.
+F_NO_DUAL_CAP = {
+    "ppo_clip": 20.0, "gppo": 20.0, "gppo_b0.5_1": 20.0, "gppo_b0.25_0.7": 20.0,
+    "gppo_only_high": 20.0, "gppo_only_high_b2_0.7": 20.0, "cispo": 1.28,
+}
+
+
+def _case_batch(dtype=F64, pad_value=-1e4):
+    """One unmasked token per row (column 0) plus one padded column holding junk."""
+    n = len(CASES)
+    r = torch.tensor([c[1] for c in CASES], dtype=F64)
+    a = torch.tensor([c[2] for c in CASES], dtype=F64)
+    old = torch.full((n, 2), -1.3, dtype=F64)
+    old[:, 0] = torch.linspace(-2.0, -0.2, n, dtype=F64)
+    lp = old.clone()
+    lp[:, 0] = old[:, 0] + torch.log(r)
+    lp[:, 1] = pad_value
+    mask = torch.zeros(n, 2)
+    mask[:, 0] = 1
+    return lp.to(dtype).requires_grad_(True), old.to(dtype), a.to(dtype), mask, r, a
+
+
+@pytest.mark.parametrize("dual", [True, False], ids=["dual_c10", "no_dual"])
+@pytest.mark.parametrize("config", list(MODE_CONFIGS))
+def test_gradient_table(config, dual):
+    lp, old, adv, mask, r, a = _case_batch()
+    n = len(CASES)
+    loss, _ = policy_loss(
+        lp, old, adv, mask, clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH,
+        clip_ratio_c=C if dual else None, **MODE_CONFIGS[config],
+    )
+    loss.backward()
+    f = torch.tensor(F_TABLE[config], dtype=F64)
+    if not dual:
+        f[6] = F_NO_DUAL_CAP[config]
+    expected = -f * a / n
+    got = lp.grad[:, 0]
+    for i, (name, _, _) in enumerate(CASES):
+        assert got[i].item() == pytest.approx(expected[i].item(), rel=1e-12, abs=1e-15), (config, name)
+    assert torch.all(lp.grad[:, 1] == 0)  # padded column
+
+
+@pytest.mark.parametrize("dual", [True, False])
+def test_case_values_match_literal_formulas(dual):
+    """Forward values against the literal Eq. 1 / dual clip / Eq. 15 expressions."""
+    lp, old, adv, mask, r, a = _case_batch()
+    n = len(CASES)
+    lo, hi = 1 - EPS_LOW, 1 + EPS_HIGH
+    ppo_tok = -torch.minimum(r * a, r.clamp(lo, hi) * a)
+    if dual:
+        ppo_tok = torch.where(a < 0, torch.minimum(ppo_tok, -a * C), ppo_tok)
+    for mode in ("ppo_clip", "gppo", "gppo_only_high"):
+        loss, _ = policy_loss(lp, old, adv, mask, loss_mode=mode, clip_ratio_c=C if dual else None)
+        assert loss.item() == pytest.approx(ppo_tok.mean().item(), rel=1e-12)
+    cispo_tok = -r.clamp(lo, hi) * a * lp.detach()[:, 0]
+    if dual:
+        cispo_tok = torch.where((a < 0) & (r > C), -a * C, cispo_tok)
+    loss, _ = policy_loss(lp, old, adv, mask, loss_mode="cispo", clip_ratio_c=C if dual else None)
+    assert loss.item() == pytest.approx(cispo_tok.mean().item(), rel=1e-12)
+
+
+def _random_batch(seed, b=5, t=7, dtype=F64, spread=0.6):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g, dtype=F64) * 3
+    lp = old + torch.randn(b, t, generator=g, dtype=F64) * spread
+    adv = torch.randn(b, generator=g, dtype=F64)
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).to(torch.int64)
+    return lp.to(dtype), old.to(dtype), adv.to(dtype), mask
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("eps", [(0.2, 0.2), (0.2, 0.28), (0.1, 0.5)])
+@pytest.mark.parametrize("c", [None, 3.0])
+def test_gppo_forward_equals_ppo_clip(seed, eps, c):
+    lp, old, adv, mask = _random_batch(seed, spread=1.0)
+    kw = dict(clip_ratio_low=eps[0], clip_ratio_high=eps[1], clip_ratio_c=c)
+    ref, _ = policy_loss(lp, old, adv, mask, loss_mode="ppo_clip", **kw)
+    for mode_kw in (dict(loss_mode="gppo"), dict(loss_mode="gppo", beta1=0.25, beta2=0.7),
+                    dict(loss_mode="gppo_only_high")):
+        for agg in LOSS_AGG_MODES:
+            ref_agg, _ = policy_loss(lp, old, adv, mask, loss_mode="ppo_clip", loss_agg_mode=agg, **kw)
+            val, _ = policy_loss(lp.clone().requires_grad_(True), old, adv, mask, loss_agg_mode=agg, **mode_kw, **kw)
+            assert torch.equal(val.detach(), ref_agg)  # bit-identical
+    # ppo_clip itself against the literal formula (float64, torch.min / torch.clamp)
+    lo, hi = 1 - eps[0], 1 + eps[1]
+    r = torch.exp(lp - old)
+    a = adv[:, None].expand_as(r)
+    tok = -torch.minimum(r * a, r.clamp(lo, hi) * a)
+    if c is not None:
+        tok = torch.where(a < 0, torch.minimum(tok, -a * c), tok)
+    m = mask.bool()
+    assert ref.item() == pytest.approx(tok[m].sum().item() / m.sum().item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gppo_gradient_matches_paper_clamp_expression(seed):
+    """GPPO (beta=1) vs the paper's one-line change written literally (spec 3.3)."""
+    lp, old, adv, mask = _random_batch(seed, spread=1.0)
+    lo, hi = 1 - EPS_LOW, 1 + EPS_HIGH
+    x = lp.clone().requires_grad_(True)
+    ratio = torch.exp(x - old)
+    a = adv[:, None].expand_as(ratio)
+    clamped = torch.clamp(ratio, lo / ratio.detach() * ratio, hi / ratio.detach() * ratio)
+    tok = -torch.minimum(ratio * a, clamped * a)
+    m = mask.bool()
+    (tok[m].sum() / m.sum()).backward()
+    y = lp.clone().requires_grad_(True)
+    loss, _ = policy_loss(y, old, adv, mask, loss_mode="gppo")
+    loss.backward()
+    torch.testing.assert_close(y.grad, x.grad, rtol=1e-10, atol=1e-14)
+
+
+def test_advantages_per_token_equals_broadcast():
+    lp, old, adv, mask = _random_batch(7)
+    for mode in LOSS_MODES:
+        l1, _ = policy_loss(lp, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0)
+        l2, _ = policy_loss(lp, old, adv[:, None].expand_as(lp).clone(), mask, loss_mode=mode, clip_ratio_c=3.0)
+        assert torch.equal(l1, l2)
+
+
+# --------------------------------------------------------------------------- first update
+
+
+@pytest.mark.parametrize("mode", LOSS_MODES)
+def test_ratio_one_first_update(mode):
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(4, 5, generator=g, dtype=F64) * 2
+    lp = old.clone().requires_grad_(True)
+    adv = torch.tensor([1.0, -2.0, 0.5, -0.25], dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
+    n = int(mask.sum())
+    loss, metrics = policy_loss(lp, old, adv, mask, loss_mode=mode, clip_ratio_c=C)
+    loss.backward()
+    a_tok = adv[:, None].expand(4, 5)
+    m = mask.bool()
+    if mode == "cispo":
+        assert loss.item() == pytest.approx((-a_tok * old)[m].sum().item() / n, rel=1e-12)
+    else:
+        assert loss.item() == pytest.approx(-a_tok[m].sum().item() / n, rel=1e-12)
+    expected = torch.where(m, -1.0 * a_tok / n, torch.zeros_like(a_tok))  # F = 1
+    torch.testing.assert_close(lp.grad, expected, rtol=1e-12, atol=1e-15)
+    assert metrics["clip_frac"].item() == 0.0
+    assert metrics["ppo_kl"].item() == 0.0
+    assert metrics["ratio_mean"].item() == metrics["ratio_max"].item() == metrics["ratio_min"].item() == 1.0
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def test_seq_mean_modes_hand_case():
+    # ratio = 1 so per-token loss = -A (ppo_clip / gppo); per-token advantages.
+    old = torch.zeros(3, 3, dtype=F64)
+    adv = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # 3rd response fully masked
+    expected = {
+        # (value, gradient wrt log_prob of the unmasked tokens)
+        "token-mean": (-(1 + 2 + 3 + 4) / 4, [[-1 / 4, -2 / 4, -3 / 4], [-4 / 4]]),
+        "seq-mean-token-mean": (-(6 / 3 + 4 / 1) / 2, [[-1 / 6, -2 / 6, -3 / 6], [-4 / 2]]),
+        "seq-mean-token-sum": (-(6 + 4) / 2, [[-1 / 2, -2 / 2, -3 / 2], [-4 / 2]]),
+    }
+    for agg, (value, grads) in expected.items():
+        for mode in ("ppo_clip", "gppo"):
+            lp = old.clone().requires_grad_(True)
+            loss, _ = policy_loss(lp, old, adv, mask, loss_mode=mode, loss_agg_mode=agg)
+            loss.backward()
+            assert loss.item() == pytest.approx(value, rel=1e-12), agg
+            assert lp.grad[0].tolist() == pytest.approx(grads[0], rel=1e-12)
+            assert lp.grad[1, 0].item() == pytest.approx(grads[1][0], rel=1e-12)
+            assert lp.grad[1, 1:].abs().sum() == 0 and lp.grad[2].abs().sum() == 0
+
+
+@pytest.mark.parametrize("mode", LOSS_MODES)
+def test_token_mean_microbatch_split_with_num_tokens(mode):
+    lp, old, adv, mask = _random_batch(11, b=6, t=9, spread=0.8)
+    mask[2] = 0  # one fully masked row
+    mask[4, 1:] = 0
+    total_tokens = int(mask.sum())
+    kw = dict(loss_mode=mode, clip_ratio_c=3.0)
+
+    full_lp = lp.clone().requires_grad_(True)
+    full, _ = policy_loss(full_lp, old, adv, mask, **kw)
+    full.backward()
+
+    acc_lp = lp.clone().requires_grad_(True)
+    naive_lp = lp.clone().requires_grad_(True)
+    micro_sum = 0.0
+    naive_sum = 0.0
+    slices = (slice(0, 2), slice(2, 4), slice(4, 6))
+    for sl in slices:
+        micro, _ = policy_loss(acc_lp[sl], old[sl], adv[sl], mask[sl], num_tokens=total_tokens, **kw)
+        micro.backward()  # gradient accumulation
+        micro_sum += micro.item()
+        naive, _ = policy_loss(naive_lp[sl], old[sl], adv[sl], mask[sl], **kw)
+        (naive / len(slices)).backward()  # average of per-micro-batch means
+        naive_sum += naive.item() / len(slices)
+    assert micro_sum == pytest.approx(full.item(), rel=1e-12, abs=1e-14)
+    torch.testing.assert_close(acc_lp.grad, full_lp.grad, rtol=1e-12, atol=1e-15)
+    # The fault num_tokens guards against: per-micro-batch means weight tokens by
+    # N / (3 * n_micro) instead of 1 (token counts 15, 1 and 10 here, N = 26).
+    counts = [int(mask[sl].sum()) for sl in slices]
+    assert len(set(counts)) > 1
+    for sl, n_micro in zip(slices, counts):
+        torch.testing.assert_close(naive_lp.grad[sl], full_lp.grad[sl] * total_tokens / (3 * n_micro),
+                                   rtol=1e-10, atol=1e-15)
+    assert naive_sum != pytest.approx(full.item(), rel=1e-6)
+
+    # num_tokens as a tensor (e.g. an all-reduced count) works the same
+    l_t, _ = policy_loss(lp, old, adv, mask, num_tokens=torch.tensor(float(total_tokens)), **kw)
+    assert l_t.item() == pytest.approx(full.item(), rel=1e-12)
+
+
+def test_zero_unmasked_tokens():
+    old = torch.randn(3, 4)
+    lp_data = torch.randn(3, 4)
+    lp_data[0, 0] = float("nan")  # junk at a masked position
+    lp = lp_data.requires_grad_(True)
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    for mode in LOSS_MODES:
+        for agg in LOSS_AGG_MODES:
+            lp.grad = None
+            loss, metrics = policy_loss(lp, old, torch.randn(3), mask, loss_mode=mode, loss_agg_mode=agg,
+                                        clip_ratio_c=3.0)
+            assert loss.item() == 0.0 and loss.requires_grad
+            loss.backward()
+            assert torch.all(lp.grad == 0)
+            assert all(math.isfinite(v.item()) for v in metrics.values())
+    loss, _ = policy_loss(lp, old, torch.randn(3), mask, num_tokens=0)
+    assert loss.item() == 0.0
+
+
+# --------------------------------------------------------------------------- NaN safety
+
+
+@pytest.mark.parametrize("bad", [-1e4, float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("mode", LOSS_MODES)
+@pytest.mark.parametrize("agg", LOSS_AGG_MODES)
+def test_masked_junk_does_not_poison(bad, mode, agg):
+    lp, old, adv, mask = _random_batch(5, b=4, t=6)
+    mask[1, 4:] = 0
+    mask[3, 2:] = 0
+    adv_tok = adv[:, None].expand_as(lp).clone()
+
+    def run(lp_val, old_val, adv_val):
+        x = lp.clone()
+        o = old.clone()
+        a = adv_tok.clone()
+        x[1, 5] = lp_val
+        o[1, 5] = old_val
+        x[3, 3] = lp_val
+        a[3, 3] = adv_val
+        x.requires_grad_(True)
+        loss, metrics = policy_loss(x, o, a, mask, loss_mode=mode, loss_agg_mode=agg, clip_ratio_c=3.0)
+        loss.backward()
+        return loss, x.grad, metrics
+
+    clean_loss, clean_grad, clean_metrics = run(0.0, 0.0, 0.0)
+    for old_val, adv_val in ((0.0, 0.0), (bad, bad)):
+        loss, grad, metrics = run(bad, old_val, adv_val)
+        assert torch.isfinite(loss) and torch.all(torch.isfinite(grad))
+        assert loss.item() == clean_loss.item()
+        assert torch.equal(grad, clean_grad)
+        for k in clean_metrics:
+            assert metrics[k].item() == clean_metrics[k].item(), k
+
+
+def test_extreme_unmasked_log_ratio_is_finite():
+    """log-ratio clamped to [-20, 20] before exp: huge ratios give finite values."""
+    old = torch.zeros(1, 2)
+    lp = torch.tensor([[200.0, -200.0]], requires_grad=True)
+    for mode in LOSS_MODES:
+        loss, m = policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), loss_mode=mode)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.all(torch.isfinite(lp.grad))
+        assert m["ratio_max"].item() == pytest.approx(math.exp(20), rel=1e-5)
+        lp.grad = None
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_clip_fractions_only_count_taken_branch():
+    r = torch.tensor([2.0, 0.5, 2.0, 0.5, 1.0, 20.0, 1.1], dtype=F64)
+    a = torch.tensor([-1.0, 1.0, 1.0, -1.0, 1.0, -1.0, 99.0], dtype=F64)
+    # tokens: r=2,A<0 (not high) | r=.5,A>0 (not low) | high | low | inside | dual | MASKED
+    old = torch.full((7, 1), -1.0, dtype=F64)
+    lp = old + torch.log(r)[:, None]
+    mask = torch.tensor([[1], [1], [1], [1], [1], [1], [0]])
+    for mode in ("ppo_clip", "gppo", "gppo_only_high"):
+        _, m = policy_loss(lp, old, a, mask, loss_mode=mode, clip_ratio_c=C)
+        assert m["clip_frac_high"].item() == pytest.approx(1 / 6)
+        assert m["clip_frac_low"].item() == pytest.approx(1 / 6)
+        assert m["clip_frac"].item() == pytest.approx(2 / 6)
+        assert m["dual_clip_frac"].item() == pytest.approx(1 / 6)
+    _, m = policy_loss(lp, old, a, mask, loss_mode="cispo", clip_ratio_c=C)
+    # cispo: the ratio weight is clipped whatever the sign of A; dual-capped token excluded
+    assert m["clip_frac_high"].item() == pytest.approx(2 / 6)
+    assert m["clip_frac_low"].item() == pytest.approx(2 / 6)
+    assert m["dual_clip_frac"].item() == pytest.approx(1 / 6)
+    # without dual clip the r=20 A<0 token is not clipped at all for PPO
+    _, m = policy_loss(lp, old, a, mask, loss_mode="ppo_clip")
+    assert m["dual_clip_frac"].item() == 0.0 and m["clip_frac"].item() == pytest.approx(2 / 6)
+    # ratio stats and approx KL over unmasked tokens only
+    rr = r[:6]
+    assert m["ratio_mean"].item() == pytest.approx(rr.mean().item(), rel=1e-12)
+    assert m["ratio_max"].item() == pytest.approx(20.0, rel=1e-12)
+    assert m["ratio_min"].item() == pytest.approx(0.5, rel=1e-12)
+    assert m["ppo_kl"].item() == pytest.approx(-torch.log(rr).mean().item(), rel=1e-12)
+    assert all(v.dim() == 0 and not v.requires_grad for v in m.values())
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("mode", LOSS_MODES)
+def test_dtypes(dtype, tol, mode):
+    lp, old, adv, mask = _random_batch(2, b=4, t=8, spread=0.3)
+    ref_lp = lp.clone().requires_grad_(True)
+    ref, _ = policy_loss(ref_lp, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0)
+    ref.backward()
+    # compare on inputs already rounded to dtype so clipping decisions agree
+    x = lp.to(dtype).requires_grad_(True)
+    loss, metrics = policy_loss(x, old.to(dtype), adv.to(dtype), mask, loss_mode=mode, clip_ratio_c=3.0)
+    loss.backward()
+    assert loss.dtype == torch.promote_types(dtype, torch.float32)
+    assert x.grad.dtype == dtype
+    assert torch.isfinite(loss) and torch.all(torch.isfinite(x.grad.float()))
+    assert loss.item() == pytest.approx(ref.item(), rel=tol, abs=tol)
+    torch.testing.assert_close(x.grad.double(), ref_lp.grad, rtol=tol * 10, atol=tol)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_policy_loss_errors():
+    lp, old, adv, mask = _random_batch(0, b=2, t=3)
+    ok = dict(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+
+    def call(**over):
+        kw = {**ok, **over}
+        return policy_loss(kw.pop("log_prob"), kw.pop("old_log_prob"), kw.pop("advantages"),
+                           kw.pop("response_mask"), **kw)
+
+    with pytest.raises(ValueError, match=r"old_log_prob.*\(2, 3\).*\(2, 4\)"):
+        call(old_log_prob=torch.zeros(2, 4, dtype=F64))
+    with pytest.raises(ValueError, match=r"advantages.*\(3,\)"):
+        call(advantages=torch.zeros(3, dtype=F64))
+    with pytest.raises(ValueError, match=r"response_mask.*\(2, 3\).*\(3, 2\)"):
+        call(response_mask=torch.ones(3, 2))
+    with pytest.raises(ValueError, match=r"log_prob must have shape \(B, T\)"):
+        call(log_prob=lp.flatten(), old_log_prob=old.flatten(), response_mask=mask.flatten())
+    with pytest.raises(ValueError, match="0 and 1"):
+        call(response_mask=mask * 0.5)
+    with pytest.raises(ValueError, match="ppo_clip, gppo, gppo_only_high, cispo"):
+        call(loss_mode="grpo")
+    with pytest.raises(ValueError, match="token-mean, seq-mean-token-mean, seq-mean-token-sum"):
+        call(loss_agg_mode="seq-mean")
+    for bad_c in (1.0, 0.5):
+        with pytest.raises(ValueError, match="clip_ratio_c"):
+            call(clip_ratio_c=bad_c)
+    with pytest.raises(ValueError, match="clip_ratio_low"):
+        call(clip_ratio_low=-0.1)
+    with pytest.raises(ValueError, match="clip_ratio_high"):
+        call(clip_ratio_high=-0.1)
+    with pytest.raises(ValueError, match="clip_ratio_low"):
+        call(clip_ratio_low=1.0)
+    with pytest.raises(ValueError, match="beta1"):
+        call(beta1=-0.5)
+    with pytest.raises(ValueError, match="beta1"):
+        call(loss_mode="ppo_clip", beta1=0.5)
+    with pytest.raises(ValueError, match="beta2"):
+        call(loss_mode="cispo", beta2=0.5)
+    with pytest.raises(ValueError, match="num_tokens"):
+        call(num_tokens=0)
+    with pytest.raises(ValueError, match="num_tokens"):
+        call(num_tokens=-3)
+    with pytest.raises(ValueError, match="num_tokens only applies"):
+        call(loss_agg_mode="seq-mean-token-mean", num_tokens=100)
+    with pytest.raises(TypeError):
+        call(log_prob=torch.zeros(2, 3, dtype=torch.long))
+
+
+# --------------------------------------------------------------------------- SFT loss
+
+
+def test_sft_loss_hand_value_and_grad():
+    lp = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0], [-7.0, -8.0, -9.0]], dtype=F64,
+                      requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1]])
+    correct = torch.tensor([True, False, True])
+    loss = sft_loss(lp, mask, correct)
+    assert loss.item() == pytest.approx((1 + 2 + 7 + 8 + 9) / 5, rel=1e-12)
+    loss.backward()
+    expected = torch.tensor([[-1, -1, 0], [0, 0, 0], [-1, -1, -1]], dtype=F64) / 5
+    torch.testing.assert_close(lp.grad, expected, rtol=0, atol=1e-15)
+
+
+def test_sft_loss_microbatch_split():
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(6, 5, generator=g, dtype=F64) * 4
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0],
+                         [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    correct = torch.tensor([True, False, True, True, False, True])
+    n = int((mask.bool() & correct[:, None]).sum())
+    full_x = lp.clone().requires_grad_(True)
+    full = sft_loss(full_x, mask, correct)
+    full.backward()
+    acc_x = lp.clone().requires_grad_(True)
+    total = 0.0
+    for sl in (slice(0, 2), slice(2, 5), slice(5, 6)):
+        part = sft_loss(acc_x[sl], mask[sl], correct[sl], num_tokens=n)
+        part.backward()
+        total += part.item()
+    assert total == pytest.approx(full.item(), rel=1e-12)
+    torch.testing.assert_close(acc_x.grad, full_x.grad, rtol=1e-12, atol=1e-15)
+    # a micro-batch with no correct response contributes exactly 0
+    assert sft_loss(lp[1:2], mask[1:2], correct[1:2], num_tokens=n).item() == 0.0
+
+
+def test_sft_loss_no_correct_is_zero_with_graph():
+    lp = torch.randn(3, 4).requires_grad_(True)
+    loss = sft_loss(lp, torch.ones(3, 4), torch.zeros(3, dtype=torch.bool))
+    assert loss.item() == 0.0 and loss.requires_grad
+    loss.backward()
+    assert torch.equal(lp.grad, torch.zeros(3, 4))
+
+
+def test_sft_loss_masked_junk_and_errors():
+    lp = torch.tensor([[-1.0, float("-inf")], [float("nan"), -2.0]], requires_grad=True)
+    mask = torch.tensor([[1, 0], [0, 1]], dtype=torch.bool)
+    loss = sft_loss(lp, mask, torch.tensor([True, True]))
+    loss.backward()
+    assert loss.item() == pytest.approx(1.5)
+    assert torch.equal(lp.grad, torch.tensor([[-0.5, 0.0], [0.0, -0.5]]))
+    with pytest.raises(ValueError, match=r"is_correct.*\(2,\).*\(3,\)"):
+        sft_loss(lp, mask, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"response_mask"):
+        sft_loss(lp, torch.ones(2, 3), torch.ones(2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="num_tokens"):
+        sft_loss(lp, mask, torch.tensor([True, True]), num_tokens=0)
+    # a divisor below this batch's count is legal (data-parallel: whole-step count / workers)
+    half = sft_loss(lp.detach().requires_grad_(), mask, torch.tensor([True, True]), num_tokens=1)
+    assert half.item() == pytest.approx(3.0)

@@ -1,0 +1,364 @@
+"""Tests for the math-verify reward (paper Sec. 3.2.4) and the reward registry.
+
+All tests share the module-level worker pool (started once, about 1-2 s with spawn).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from klear.rewards import (
+    compute_score,
+    compute_scores,
+    extract_last_boxed,
+    get_scorer,
+    math_score,
+    math_score_batch,
+    math_score_batch_detailed,
+    math_score_detailed,
+    register_scorer,
+    registered_prefixes,
+    unregister_scorer,
+)
+from klear.rewards.math_reward import get_math_pool
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
+# Unbounded, sympy spends well over 30 s on this (it tries to evaluate 9^(9^9) exactly).
+PATHOLOGICAL = r"\boxed{9^{9^{9}}}"
+
+
+def boxed(x: str) -> str:
+    return f"Some reasoning.\nThe final answer is $\\boxed{{{x}}}$."
+
+
+# ------------------------------------------------------------------ box extraction
+@pytest.mark.parametrize(
+    "text, content, status",
+    [
+        (r"\boxed{18}", "18", "ok"),
+        (r"a \boxed{\frac{1}{2}} b", r"\frac{1}{2}", "ok"),
+        (r"\boxed{\{1,2\}}", r"\{1,2\}", "ok"),  # escaped braces do not close the box
+        (r"\boxed{\begin{pmatrix}1\\2\end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}", "ok"),
+        (r"\boxed {7}", "7", "ok"),
+        (r"$\boxed 18$.", "18", "ok"),
+        (r"\fbox{42}", "42", "ok"),
+        (r"\boxed{1} then \boxed{2}", "2", "ok"),  # last box wins
+        (r"\boxed{3 + \boxed{4}}", r"3 + \boxed{4}", "ok"),  # nested box belongs to outer
+        (r"\boxed{1} then \boxed{\frac{2}{3}", None, "unclosed"),  # truncated last box
+        (r"answer: \boxed", None, "unclosed"),
+        (r"\boxed{}", None, "empty"),
+        (r"\boxed{   }", None, "empty"),
+        (r"\boxed{5} and then \boxed{}", None, "empty"),
+        ("no box at all", None, "no_box"),
+        (r"\boxedx{5}", None, "no_box"),  # another command, not \boxed
+    ],
+)
+def test_extract_last_boxed(text, content, status):
+    got = extract_last_boxed(text)
+    assert (got.content, got.status) == (content, status)
+
+
+# ---------------------------------------------------------------- equivalent forms
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("18", "18"),  # fast path
+        ("0.5", r"\frac{1}{2}"),
+        (r"\frac{1}{2}", "0.5"),
+        ("3/4", r"\dfrac{3}{4}"),
+        (r"\dfrac{3}{4}", "0.75"),
+        ("18.0", "18"),
+        ("$18$", "18"),
+        (r"\text{18}", "18"),
+        ("1,000", "1000"),
+        ("1000", "1,000"),
+        ("x=5", "5"),
+        ("17.", "17"),  # trailing sentence period
+        (r"18^\circ", "18"),
+        (r"\sqrt{12}", r"2\sqrt{3}"),
+        (r"\frac{1}{2^{99}}", "2^{-99}"),
+        (r"\{2,1\}", r"\{1,2\}"),
+        ("0.333333", r"\frac{1}{3}"),
+    ],
+)
+def test_equivalent_forms_score_plus_one(pred, gold):
+    res = math_score_detailed(boxed(pred), gold)
+    assert res.score == 1.0, res
+    assert res.reason in ("correct", "exact_match")
+
+
+def test_integer_gold_value_is_accepted():
+    assert math_score(boxed("73"), 73) == 1.0
+    assert math_score(boxed("72"), 73) == -1.0
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("19", "18"),
+        (r"\frac{1}{2^{98}}", r"\frac{1}{2^{99}}"),  # math-verify's default precision says equal
+        ("1/2^{98}", "1/2^{99}"),
+        ("0.33", r"\frac{1}{3}"),
+        ("1000001", "1000000"),
+        ("1000000.4", "1000000"),
+        (r"\text{hello}", "18"),
+        ("-18", "18"),
+    ],
+)
+def test_different_values_score_minus_one(pred, gold):
+    res = math_score_detailed(boxed(pred), gold)
+    assert res.score == -1.0, res
+
+
+@pytest.mark.parametrize(
+    "response, reason",
+    [
+        ("The answer is 18.", "no_box"),
+        ("", "no_box"),
+        (r"So \boxed{}.", "empty_box"),
+        (r"So \boxed{ }.", "empty_box"),
+        (r"First \boxed{18}. Hmm, let me recompute: \boxed{1", "unclosed_box"),
+        (r"\boxed{18} wait no \boxed{", "unclosed_box"),
+        (r"\boxed{???}", "unparseable_answer"),
+    ],
+)
+def test_missing_or_broken_answers_score_minus_one(response, reason):
+    res = math_score_detailed(response, "18")
+    assert (res.score, res.reason) == (-1.0, reason)
+
+
+def test_non_string_response_scores_minus_one():
+    assert math_score_detailed(None, "18").reason == "invalid_response"  # type: ignore[arg-type]
+
+
+def test_only_last_box_counts():
+    assert math_score(r"I think \boxed{18}. No wait, it is \boxed{19}.", "18") == -1.0
+    assert math_score(r"I think \boxed{19}. No wait, it is \boxed{18}.", "18") == 1.0
+
+
+# ----------------------------------------------------------------------- think rules
+def test_only_text_after_last_think_close_counts():
+    # Box only inside the think block: nothing after </think> -> no answer.
+    assert math_score_detailed(r"<think>it is \boxed{18}</think> The answer is 18.", "18").reason == "no_box"
+    assert math_score(r"<think>maybe \boxed{19}</think> so \boxed{18}", "18") == 1.0
+    assert math_score(r"<think>maybe \boxed{18}</think> so \boxed{19}", "18") == -1.0
+    # Several </think>: the last one delimits the answer.
+    assert math_score(r"<think>a</think> \boxed{18} <think>b</think> \boxed{19}", "18") == -1.0
+
+
+@pytest.mark.parametrize("require_think", [False, True])
+def test_unclosed_think_is_truncated(require_think):
+    res = math_score_detailed(r"<think>so the answer is \boxed{18}", "18", require_think=require_think)
+    assert (res.score, res.reason) == (-1.0, "unclosed_think")
+    # A new <think> opened after the last </think> is also a cut-off response.
+    res = math_score_detailed(r"<think>a</think> \boxed{18} <think>more", "18", require_think=require_think)
+    assert res.reason == "unclosed_think"
+
+
+def test_require_think():
+    plain = r"The answer is \boxed{18}."
+    assert math_score(plain, "18", require_think=False) == 1.0
+    res = math_score_detailed(plain, "18", require_think=True)
+    assert (res.score, res.reason) == (-1.0, "missing_think")
+    # <think> may live in the prompt: the closing tag alone is enough.
+    assert math_score("reasoning...</think>" + plain, "18", require_think=True) == 1.0
+    assert math_score("<think>reasoning...</think>" + plain, "18", require_think=True) == 1.0
+
+
+# ------------------------------------------------------------------- bad ground truth
+@pytest.mark.parametrize("gold", ["???", "[]", None, "", "   "])
+def test_unparseable_gold_is_a_logged_data_error(gold, caplog):
+    response = boxed("???" if gold is None else (gold.strip() or "1"))
+    with caplog.at_level(logging.WARNING, logger="klear.rewards.math_reward"):
+        r1 = math_score_detailed(response, gold)
+        r2 = math_score_detailed(boxed("18"), gold)
+    assert (r1.score, r1.reason) == (-1.0, "invalid_gold")  # never +1, not even an identical string
+    assert (r2.score, r2.reason) == (-1.0, "invalid_gold")
+    msgs = [r.getMessage() for r in caplog.records if "unusable ground truth" in r.getMessage()]
+    assert len(msgs) == 1 and repr(gold) in msgs[0]  # once per distinct gold
+
+
+# ----------------------------------------------------------------- gold-first order
+def test_verify_is_called_gold_first():
+    # math-verify turns a relation gold into a set only when the prediction is a set:
+    # verify(gold="x<3", pred="(-oo,3)") is True, verify(gold="(-oo,3)", pred="x<3") is False.
+    assert math_score(boxed(r"(-\infty, 3)"), "x<3") == 1.0
+    assert math_score(boxed("x<3"), r"(-\infty,3)") == -1.0
+
+
+# --------------------------------------------------------------- timeouts / threads
+def test_pathological_answer_is_cut_off_from_a_worker_thread():
+    results: dict[str, object] = {}
+
+    def target():
+        t0 = time.monotonic()
+        results["res"] = math_score_detailed(PATHOLOGICAL, "1", timeout_s=1.0)
+        results["elapsed"] = time.monotonic() - t0
+
+    th = threading.Thread(target=target)
+    th.start()
+    th.join(30)
+    assert not th.is_alive()
+    res = results["res"]
+    assert res.score == -1.0 and res.reason == "timeout", res
+    # 1 s limit + pebble's kill (SIGTERM, SIGKILL after 3 s) + scheduling slack.
+    assert results["elapsed"] < 1.0 + 5.0
+
+
+def test_concurrent_calls_from_many_threads():
+    cases = [(boxed("0.5"), r"\frac{1}{2}", 1.0), (boxed("3"), "4", -1.0), (PATHOLOGICAL, "2", -1.0)] * 3
+
+    def one(case):
+        resp, gold, _ = case
+        return math_score(resp, gold, timeout_s=1.0)
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=16) as ex:
+        got = list(ex.map(one, cases))
+    assert got == [c[2] for c in cases]
+    assert time.monotonic() - t0 < 20
+
+
+# ------------------------------------------------------------------------ batch API
+def test_batch_preserves_order_over_mixed_inputs():
+    items = [
+        (boxed("18"), "18", 1.0, "exact_match"),
+        (PATHOLOGICAL, "5", -1.0, "timeout"),
+        (boxed(r"\frac{3}{4}"), "0.75", 1.0, "correct"),
+        ("no answer", "5", -1.0, "no_box"),
+        (boxed("7"), "?????", -1.0, "invalid_gold"),
+        (boxed("7"), "8", -1.0, "wrong"),
+        (r"\boxed{5", "5", -1.0, "unclosed_box"),
+        (boxed("x=2"), "2", 1.0, "correct"),
+    ]
+    res = math_score_batch_detailed([i[0] for i in items], [i[1] for i in items], timeout_s=1.0)
+    assert [(r.score, r.reason) for r in res] == [(i[2], i[3]) for i in items]
+    assert math_score_batch([i[0] for i in items], [i[1] for i in items], timeout_s=1.0) == [i[2] for i in items]
+
+
+def test_batch_rejects_length_mismatch():
+    with pytest.raises(ValueError):
+        math_score_batch(["a", "b"], ["1"])
+    with pytest.raises(ValueError):
+        math_score("x", "1", timeout_s=0)
+
+
+# ------------------------------------------------------------------ pool resilience
+def test_worker_crash_is_reported_and_pool_keeps_working():
+    pool = get_math_pool()
+    outcome = pool.run(os.abort, (), timeout_s=5.0)
+    assert outcome.status == "crashed"
+    assert math_score(boxed("0.5"), r"\frac{1}{2}") == 1.0
+
+
+def test_pool_recovers_after_worker_killed_while_idle():
+    pool = get_math_pool()
+    outcome = pool.run(os.getpid, (), timeout_s=5.0)
+    assert outcome.ok
+    os.kill(outcome.value, signal.SIGKILL)
+    time.sleep(0.5)  # let pebble notice (it may declare the whole pool broken)
+    assert math_score(boxed("0.25"), r"\frac{1}{4}") == 1.0
+
+
+def test_pool_recreated_after_shutdown():
+    pool = get_math_pool()
+    pool.shutdown()
+    assert math_score(boxed("2/4"), r"\frac{1}{2}") == 1.0
+
+
+# ----------------------------------------------------------------- registry / verl
+def test_compute_score_dispatch():
+    good = r"<think>work</think> The answer is \boxed{\frac{1}{2}}."
+    assert compute_score("math_longcot_math_verify", good, "0.5") == 1.0
+    assert compute_score("math_dapo", good, "0.5") == 1.0
+    assert compute_score("math500", r"\boxed{0.5}", "0.5", extra_info={"split": "test"}) == 1.0
+    # longcot data sources require the think block (Klear's is_longcot=True) ...
+    assert compute_score("math_longcot_math_verify", r"\boxed{0.5}", "0.5") == -1.0
+    # ... unless overridden; others do not.
+    assert compute_score("math_longcot_math_verify", r"\boxed{0.5}", "0.5", require_think=False) == 1.0
+    assert compute_score("math_dapo", r"\boxed{0.5}", "0.5") == 1.0
+    assert compute_score("math_dapo", r"\boxed{0.5}", "0.5", require_think=True) == -1.0
+    # unknown keyword arguments (verl reward_kwargs) are ignored by the math scorer
+    assert compute_score("math_dapo", r"\boxed{0.5}", "0.5", sandbox_fusion_url=None) == 1.0
+
+
+def test_unknown_data_source_raises():
+    with pytest.raises(ValueError, match=r"codeforces.*math"):
+        compute_score("codeforces", "print(1)", "1")
+    with pytest.raises(ValueError, match="codeforces"):
+        compute_scores(["math", "codeforces"], ["a", "b"], ["1", "1"])
+    with pytest.raises(ValueError, match="codeforces"):
+        get_scorer("codeforces")
+
+
+def test_register_scorer_and_mixed_batch():
+    calls = []
+
+    def code_fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+        calls.append((data_source, kwargs))
+        if solution_str == "boom":
+            raise RuntimeError("scorer bug")
+        return 0.25
+
+    register_scorer("code", code_fn)
+    try:
+        assert "code" in registered_prefixes() and "math" in registered_prefixes()
+        with pytest.raises(ValueError):
+            register_scorer("code", code_fn)
+        assert compute_score("code_contests", "x", "y") == 0.25
+        scores = compute_scores(
+            ["math_dapo", "code_contests", "math_dapo", "code_x"],
+            [boxed("1"), "x", boxed("3"), "boom"],
+            ["1", "tests", "2", "tests"],
+            timeout_s=2.0,
+        )
+        assert scores == [1.0, 0.25, -1.0, -1.0]  # a raising scorer costs only its own item
+        assert all(kw.get("timeout_s") == 2.0 for _, kw in calls[1:])
+    finally:
+        unregister_scorer("code")
+    assert "code" not in registered_prefixes()
+
+
+def test_compute_scores_length_mismatch():
+    with pytest.raises(ValueError):
+        compute_scores(["math"], ["a", "b"], ["1", "2"])
+
+
+# ----------------------------------------------------------------------- real data
+@pytest.mark.skipif(not (DATA / "aime24.qs.jsonl").exists(), reason="shared AIME24 data not present")
+def test_aime24_golds():
+    rows = [json.loads(line) for line in (DATA / "aime24.qs.jsonl").read_text().splitlines() if line.strip()]
+    golds = [r["meta"]["answer"] for r in rows]
+    assert len(golds) == 30
+    right = [f"<think>...</think> The answer is $\\boxed{{{g}}}$." for g in golds]
+    # Same value written differently, so math-verify (not the fast path) decides.
+    right_verbose = [f"</think> $\\boxed{{\\dfrac{{{2 * int(g)}}}{{2}}}}$" for g in golds]
+    wrong = [f"</think> $\\boxed{{{int(g) + 1}}}$" for g in golds]
+    ds = ["math_longcot_math_verify"] * 30
+    assert compute_scores(ds, right, golds) == [1.0] * 30
+    assert compute_scores(ds, right_verbose, golds) == [1.0] * 30
+    assert compute_scores(ds, wrong, golds) == [-1.0] * 30
+
+
+@pytest.mark.skipif(
+    not (DATA / "aime960_math_verify.json").exists(), reason="shared verl-format AIME data not present"
+)
+def test_verl_rows_dispatch_on_their_data_source():
+    lines = (DATA / "aime960_math_verify.json").read_text().splitlines()[:64]
+    rows = [json.loads(line) for line in lines if line.strip()]
+    ds = [r["data_source"] for r in rows]
+    golds = [r["reward_model"]["ground_truth"] for r in rows]
+    responses = [f"<think>x</think>\\boxed{{{g}}}" for g in golds]
+    assert compute_scores(ds, responses, golds) == [1.0] * len(rows)
+    assert [compute_score(d, "no think " + r.split("</think>")[1], g) for d, r, g in zip(ds[:4], responses, golds)] == [
+        -1.0
+    ] * 4

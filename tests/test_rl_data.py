@@ -1,0 +1,227 @@
+import json
+import re
+
+import pytest
+
+from klear.data.rl_data import (
+    DEFAULT_INSTRUCTION,
+    build_user_message,
+    load_rl_dataset,
+    load_rl_file,
+    make_reasoning_gym_dataset,
+    make_train_and_heldout,
+)
+
+ARITH = {"name": "basic_arithmetic",
+         "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
+                    "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}}
+LEGS = {"name": "leg_counting", "weight": 3, "config": {"min_animals": 1, "max_animals": 2}}
+COLUMNS = {"prompt", "data_source", "reward_model", "extra_info", "prompt_id"}
+
+
+# ------------------------------------------------------------------ reasoning gym
+
+def test_reasoning_gym_columns_and_layout():
+    ds = make_reasoning_gym_dataset([ARITH], size=12, seed=3)
+    assert len(ds) == 12
+    assert COLUMNS <= set(ds.column_names)
+    row = ds[0]
+    assert row["data_source"] == "math_reasoning_gym"
+    assert row["reward_model"]["style"] == "rule"
+    assert isinstance(row["reward_model"]["ground_truth"], str)
+    assert len(row["prompt"]) == 1 and row["prompt"][0]["role"] == "user"
+    assert row["prompt"][0]["content"] == build_user_message(row["extra_info"]["question"], DEFAULT_INSTRUCTION)
+    assert "\\boxed{}" in row["prompt"][0]["content"]
+    assert [r["index"] for r in list(ds["extra_info"])] == list(range(12))
+    assert {r["split"] for r in list(ds["extra_info"])} == {"train"}
+    assert {r["task"] for r in list(ds["extra_info"])} == {"basic_arithmetic"}
+    json.dumps(list(ds["extra_info"]))  # JSON-able
+    assert len(set(list(ds["prompt_id"]))) == 12
+    # ground truth really is the answer of the question
+    for r in ds:
+        q = r["extra_info"]["question"]
+        a, op, b = re.match(r"Calculate (\d+) ([+-]) (\d+)\.", q).groups()
+        assert int(r["reward_model"]["ground_truth"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+
+
+def test_reasoning_gym_weighted_mix_and_determinism():
+    a = make_reasoning_gym_dataset([ARITH, LEGS], size=10, seed=7, instruction=None)
+    b = make_reasoning_gym_dataset([ARITH, LEGS], size=10, seed=7, instruction=None)
+    c = make_reasoning_gym_dataset([ARITH, LEGS], size=10, seed=8, instruction=None)
+    assert a.to_list() == b.to_list()
+    assert list(a["prompt"]) != list(c["prompt"])
+    tasks = [r["task"] for r in list(a["extra_info"])]
+    # weights 1 : 3 of 10 -> 2.5 / 7.5 -> largest remainder, tie to the first task: 3 / 7
+    assert tasks.count("basic_arithmetic") == 3 and tasks.count("leg_counting") == 7
+    assert a[0]["prompt"][0]["content"] == a[0]["extra_info"]["question"].strip()  # no instruction
+    assert len(set(r["question"] for r in list(a["extra_info"]))) == 10  # distinct
+
+
+def test_exclusion_keeps_size_and_train_heldout_disjoint():
+    train, held = make_train_and_heldout([ARITH], train_size=40, heldout_size=20, seed=0)
+    assert len(train) == 40 and len(held) == 20
+    tq = {r["question"] for r in list(train["extra_info"])}
+    hq = {r["question"] for r in list(held["extra_info"])}
+    assert not tq & hq
+    assert {r["split"] for r in list(held["extra_info"])} == {"test"}
+    assert not set(list(train["prompt_id"])) & set(list(held["prompt_id"]))
+    # explicit exclusion
+    ex = make_reasoning_gym_dataset([ARITH], size=20, seed=1, exclude_questions=tq)
+    assert len(ex) == 20 and not {r["question"] for r in list(ex["extra_info"])} & tq
+
+
+def test_tiny_problem_space_raises():
+    tiny = {"name": "basic_arithmetic",
+            "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
+                       "allow_parentheses": False, "allow_negation": False}}
+    with pytest.raises(ValueError, match="too small"):
+        make_reasoning_gym_dataset([tiny], size=200, seed=0)  # at most 10 * 10 distinct questions
+
+
+@pytest.mark.parametrize("tasks", [[], [{"config": {}}], [{"name": "basic_arithmetic", "weight": 0}],
+                                   [{"name": "no_such_task_xyz"}]])
+def test_bad_tasks_raise(tasks):
+    with pytest.raises(ValueError):
+        make_reasoning_gym_dataset(tasks, size=3, seed=0)
+
+
+# ------------------------------------------------------------------ verl files
+
+def _rows():
+    return [
+        {"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "math",
+         "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"index": 10, "split": "train"}},
+        {"prompt": "What is 3*3?", "data_source": "math", "reward_model": {"ground_truth": 9}},
+        {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "half?"}],
+         "data_source": "math", "reward_model": {"ground_truth": ["1/2", 0.5]}, "ability": "math"},
+    ]
+
+
+def _write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_jsonl_round_trip(tmp_path):
+    f = _write_jsonl(tmp_path / "train.jsonl", _rows())
+    ds = load_rl_file(f)
+    assert len(ds) == 3 and COLUMNS <= set(ds.column_names)
+    assert list(ds["prompt_id"]) == ["10", "train.jsonl:1", "train.jsonl:2"]
+    assert ds[1]["prompt"] == [{"role": "user", "content": "What is 3*3?"}]
+    assert ds[1]["reward_model"] == {"style": "rule", "ground_truth": "9"}
+    assert json.loads(ds[2]["reward_model"]["ground_truth"]) == ["1/2", "0.5"]
+    assert ds[2]["ability"] == "math" and ds[0]["ability"] is None  # extra column kept
+    assert ds[1]["extra_info"]["index"] == 1 and ds[1]["extra_info"]["split"] == "train"
+    assert ds[1]["extra_info"]["task"] == "math"
+    assert load_rl_dataset(str(f)).to_list() == ds.to_list()
+
+
+def test_parquet_round_trip(tmp_path):
+    ds = make_reasoning_gym_dataset([ARITH], size=6, seed=5)
+    f = tmp_path / "rg.parquet"
+    ds.to_parquet(str(f))
+    back = load_rl_file(f)
+    assert list(back["prompt"]) == list(ds["prompt"])
+    assert list(back["reward_model"]) == list(ds["reward_model"])
+    assert list(back["prompt_id"]) == list(ds["prompt_id"])  # own prompt_id column kept
+    assert list(back["data_source"]) == list(ds["data_source"])
+    assert list(back["extra_info"]) == list(ds["extra_info"])
+    # without a prompt_id column the id is extra_info.index
+    f2 = tmp_path / "noid.parquet"
+    ds.remove_columns("prompt_id").to_parquet(str(f2))
+    assert list(load_rl_file(f2)["prompt_id"]) == [str(i) for i in range(6)]
+
+
+def test_default_data_source(tmp_path):
+    f = _write_jsonl(tmp_path / "d.jsonl", [{"prompt": "q", "reward_model": {"ground_truth": "1"}}])
+    with pytest.raises(ValueError, match=r"d\.jsonl: row 0: field 'data_source' is missing"):
+        load_rl_file(f)
+    assert list(load_rl_file(f, default_data_source="math")["data_source"]) == ["math"]
+
+
+GOOD = {"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": "1"}}
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"prompt": "q", "data_source": "math", "reward_model": {"style": "rule"}}, "reward_model.ground_truth"),
+    ({"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": ""}}, "reward_model.ground_truth"),
+    ({"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": True}}, "reward_model.ground_truth"),
+    ({"prompt": "q", "data_source": "math"}, "reward_model"),
+    ({"data_source": "math", "reward_model": {"ground_truth": "1"}}, "prompt"),
+    ({"prompt": [], "data_source": "math", "reward_model": {"ground_truth": "1"}}, "prompt"),
+    ({"prompt": [{"role": "user"}], "data_source": "math", "reward_model": {"ground_truth": "1"}},
+     r"prompt\[0\]\.content"),
+    ({"prompt": [{"role": "user", "content": 5}], "data_source": "math", "reward_model": {"ground_truth": "1"}},
+     r"prompt\[0\]\.content"),
+    ({"prompt": [{"role": "bot", "content": "x"}], "data_source": "math", "reward_model": {"ground_truth": "1"}},
+     r"prompt\[0\]\.role"),
+    ({"prompt": ["hi"], "data_source": "math", "reward_model": {"ground_truth": "1"}}, r"prompt\[0\]"),
+    ({"prompt": "q", "data_source": 3, "reward_model": {"ground_truth": "1"}}, "data_source"),
+    ({"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": "1"}, "extra_info": [1]},
+     "extra_info"),
+])
+def test_bad_row_names_file_row_and_field(tmp_path, bad, field):
+    f = _write_jsonl(tmp_path / "train.jsonl", [GOOD, GOOD, GOOD, bad, GOOD])
+    with pytest.raises(ValueError, match=rf"train\.jsonl: row 3: field '{field}'") as info:
+        load_rl_file(f)
+    assert "expected" in str(info.value)
+
+
+def test_missing_ground_truth_exact_message(tmp_path):
+    f = _write_jsonl(tmp_path / "train.jsonl", [GOOD, GOOD, GOOD, {"prompt": "q", "data_source": "m",
+                                                                    "reward_model": {}}])
+    with pytest.raises(ValueError) as info:
+        load_rl_file(f)
+    msg = str(info.value)
+    assert msg.startswith(f"{f}: row 3: field 'reward_model.ground_truth' is missing (expected a non-empty string")
+
+
+def test_bad_row_in_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [dict(GOOD), dict(GOOD, reward_model={"ground_truth": None})]
+    f = tmp_path / "x.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), f)
+    with pytest.raises(ValueError, match=r"x\.parquet: row 1: field 'reward_model\.ground_truth' is missing"):
+        load_rl_file(f)
+
+
+def test_invalid_json_names_line(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps(GOOD) + "\n\n{not json\n")
+    with pytest.raises(ValueError, match=r"t\.jsonl: line 3 \(row 1\): invalid JSON"):
+        load_rl_file(f)
+
+
+def test_duplicate_prompt_ids_name_both_rows(tmp_path):
+    rows = [dict(GOOD, extra_info={"index": 4}), GOOD, dict(GOOD, extra_info={"index": 4})]
+    f = _write_jsonl(tmp_path / "dup.jsonl", rows)
+    with pytest.raises(ValueError, match=r"dup\.jsonl: rows 0 and 2 have the same prompt id '4' "
+                                         r"\(field 'extra_info\.index'"):
+        load_rl_file(f)
+    f = _write_jsonl(tmp_path / "dup2.jsonl", [dict(GOOD, prompt_id="a"), GOOD, dict(GOOD, prompt_id="a")])
+    with pytest.raises(ValueError, match=r"dup2\.jsonl: rows 0 and 2 .* \(field 'prompt_id'"):
+        load_rl_file(f)
+
+
+def test_file_level_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_rl_file(tmp_path / "missing.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty.jsonl: no rows"):
+        load_rl_file(empty)
+    other = tmp_path / "x.csv"
+    other.write_text("a,b\n")
+    with pytest.raises(ValueError, match="unsupported file type"):
+        load_rl_file(other)
+    with pytest.raises(ValueError, match="directory"):
+        load_rl_dataset(tmp_path)
+    with pytest.raises(ValueError, match=r"row 0: is list"):
+        load_rl_file(_write_jsonl(tmp_path / "l.jsonl", [[1, 2]]))
+
+
+def test_load_rl_dataset_task_list():
+    ds = load_rl_dataset([ARITH], size=4, seed=0)
+    assert len(ds) == 4

@@ -1,0 +1,256 @@
+"""GPPOTrainer on a tiny random model (real tokenizer) on CPU: filtering, SFT term, exact token-mean windows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from klear.rl.losses import policy_loss, sft_loss
+from klear.rl.trainer import GPPOConfig, GPPOTrainer, truncated_mask
+
+
+def _dataset(n_prompts: int) -> Dataset:
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+            "prompt_id": f"p{i}",
+            "data_source": "math_test",
+            "reward_model": {"ground_truth": str(2 * i)},
+        }
+        for i in range(n_prompts)
+    ]
+    return Dataset.from_list(rows)
+
+
+def _config(tmp_path, **kw) -> GPPOConfig:
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,
+        num_generations=4,
+        max_completion_length=6,
+        max_steps=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        max_grad_norm=1e9,  # no clipping: the gradient test compares raw accumulated gradients
+    )
+    base.update(kw)
+    return GPPOConfig(**base)
+
+
+class _GradRecorder(TrainerCallback):
+    """Keeps the parameters at train start and the accumulated gradients just before the first optimizer step."""
+
+    def __init__(self):
+        self.params0 = None
+        self.grads = None
+
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        self.params0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+        if self.grads is None:
+            self.grads = {k: v.grad.detach().clone() for k, v in model.named_parameters() if v.grad is not None}
+
+
+def _reward_table(table: dict[str, list[float]]):
+    """Reward function returning, for each prompt id, the next value of its list (cycled)."""
+    counters: dict[str, int] = {}
+
+    def reward(prompts, completions, prompt_id, **kw):
+        out = []
+        for pid in prompt_id:
+            vals = table[pid]
+            i = counters.get(pid, 0)
+            counters[pid] = i + 1
+            out.append(vals[i % len(vals)])
+        return out
+
+    return reward
+
+
+def test_two_steps_filter_zero_advantage_groups(tmp_path, tiny_model):
+    model, tok = tiny_model
+    # p0: all correct, p1: all wrong, p2: soft all-equal 0.7 (float32 std would not be exactly 0),
+    # p3: mixed. Generation batch = 4 per device x 4 steps = 16 rollouts = 4 prompts x 4 generations.
+    table = {"p0": [1.0], "p1": [-1.0], "p2": [0.7], "p3": [1.0, -1.0, -1.0, 1.0]}
+    ds = _dataset(4)
+    trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(table), args=_config(tmp_path),
+                          train_dataset=ds, processing_class=tok)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    batches = trainer._buffered_inputs
+    keep = torch.cat([b["klear_keep"] for b in batches])
+    adv = torch.cat([b["advantages"] for b in batches])
+    correct = torch.cat([b["klear_is_correct"] for b in batches])
+    # Exactly the 4 rollouts of the mixed group survive, whatever the shuffle put them.
+    assert int(keep.sum()) == 4
+    assert torch.equal(adv[~keep], torch.zeros(12))
+    assert sorted(adv[keep].tolist()) == pytest.approx([-1 / (1 + 1e-6)] * 2 + [1 / (1 + 1e-6)] * 2)
+    # The kept ones are those with nonzero advantage, and 2 of them are correct.
+    assert int((keep & correct).sum()) == 2
+    # The token-mean divisor counts only kept tokens.
+    for i, b in enumerate(batches):
+        window = batches[(i // 2) * 2:(i // 2) * 2 + 2]
+        expected = sum(float((w["completion_mask"] * w["klear_keep"].unsqueeze(1)).sum()) for w in window)
+        assert b["klear_num_tokens"].item() == expected
+    logs = [h for h in trainer.state.log_history if "klear/zero_adv_group_frac" in h]
+    assert logs and logs[0]["klear/zero_adv_group_frac"] == pytest.approx(0.75)
+
+
+def test_correctness_criterion_keeps_soft_groups(tmp_path, tiny_model):
+    """The authors' rule filters on exact correctness: an all-0.7 group is 'all wrong', so it is filtered,
+    while a 0.5/0.7 group (no correct response, unequal rewards) is also all-wrong -> filtered; the raw-reward
+    rule keeps the latter."""
+    model, tok = tiny_model
+    table = {"p0": [1.0, -1.0], "p1": [0.5, 0.7], "p2": [0.7], "p3": [1.0]}
+    for criterion, expected_kept in (("reward", 8), ("correctness", 4)):
+        trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(dict(table)),
+                              args=_config(tmp_path, max_steps=1, zero_adv_criterion=criterion),
+                              train_dataset=_dataset(4), processing_class=tok)
+        trainer.train()
+        keep = torch.cat([b["klear_keep"] for b in trainer._buffered_inputs])
+        assert int(keep.sum()) == expected_kept, criterion
+
+
+def test_sft_loss_zero_when_nothing_correct(tmp_path, tiny_model):
+    model, tok = tiny_model
+    rng = random.Random(0)
+    vals = [0.0, 0.25, 0.5]
+
+    def reward(prompts, completions, **kw):  # soft rewards, never the correct score 1.0
+        return [rng.choice(vals) for _ in completions]
+
+    trainer = GPPOTrainer(model=model, reward_funcs=reward, args=_config(tmp_path, alpha=0.5),
+                          train_dataset=_dataset(4), processing_class=tok)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "klear/sft_loss" in h]
+    assert len(logs) == 2
+    for h in logs:
+        assert h["klear/sft_loss"] == 0.0
+        assert h["klear/num_sft_tokens"] == 0.0
+        assert h["klear/num_loss_tokens"] > 0
+
+
+@pytest.mark.parametrize("loss_mode", ["gppo", "ppo_clip", "cispo"])
+def test_accumulated_gradient_equals_one_batch_gradient(tmp_path, tiny_model, loss_mode):
+    """Token-mean over an optimizer step split into 2 micro-batches (plus the SFT term) must give the same
+    gradient as one loss over the whole step, computed here independently from the stored micro-batches."""
+    model, tok = tiny_model
+    model = model.double()  # float64: the two computations may differ only by rounding
+    table = {"p0": [1.0, -1.0, -1.0, -1.0], "p1": [1.0, 1.0, -1.0, 1.0], "p2": [0.5, 0.0, 1.0, 0.25],
+             "p3": [1.0]}
+    rec = _GradRecorder()
+    args = _config(tmp_path, max_steps=1, alpha=0.3, loss_mode=loss_mode, steps_per_generation=2)
+    trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(table), args=args,
+                          train_dataset=_dataset(4), processing_class=tok, callbacks=[rec])
+    # generation batch = 4 x 2 = 8 rollouts = 2 prompts x 4 -> one optimizer window of 2 micro-batches.
+    trainer.train()
+    assert rec.grads
+    window = trainer._buffered_inputs
+    assert len(window) == 2
+    # Ragged: the micro-batches must hold different loss-token counts for the test to mean something.
+    counts = [float((b["completion_mask"] * b["klear_keep"].unsqueeze(1)).sum()) for b in window]
+
+    # Restore the pre-step parameters and recompute the one-batch loss on the concatenated window.
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            p.copy_(rec.params0[k])
+    model.zero_grad()
+    cat = {k: torch.cat([b[k] for b in window]) for k in
+           ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "klear_keep",
+            "klear_is_correct")}
+    input_ids = torch.cat([cat["prompt_ids"], cat["completion_ids"]], dim=1)
+    attn = torch.cat([cat["prompt_mask"], cat["completion_mask"]], dim=1)
+    model.train()
+    log_prob, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attn, cat["completion_ids"].size(1))
+    mask = cat["completion_mask"].float() * cat["klear_keep"].float().unsqueeze(1)
+    old = torch.cat([b.get("old_per_token_logps", None) for b in window]) if "old_per_token_logps" in window[0] \
+        else log_prob.detach()
+    pg, _ = policy_loss(log_prob, old, cat["advantages"], mask, loss_mode=loss_mode)
+    lm = sft_loss(log_prob, mask, cat["klear_is_correct"])
+    (pg + 0.3 * lm).backward()
+    assert counts[0] != counts[1] or sum(counts) > 0
+    for k, p in model.named_parameters():
+        if k in rec.grads:
+            # TRL's fused LM head computes log-softmax in float32, so compare at float32 precision
+            # relative to the tensor's norm (a wrong normaliser is off by tens of percent).
+            err = (rec.grads[k] - p.grad).norm() / p.grad.norm().clamp(min=1e-30)
+            assert err < 1e-5, (k, err.item())
+
+
+def test_per_micro_batch_mean_would_differ(tmp_path, tiny_model):
+    """Guard that the test above can fail: averaging per micro-batch gives a different loss when micro-batches
+    hold different token counts."""
+    lp = torch.zeros(4, 3)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0]], dtype=torch.float)
+    adv = torch.tensor([1.0, -1.0, 1.0, 1.0])
+    whole, _ = policy_loss(lp, lp, adv, mask, loss_mode="gppo")
+    a, _ = policy_loss(lp[:2], lp[:2], adv[:2], mask[:2])
+    b, _ = policy_loss(lp[2:], lp[2:], adv[2:], mask[2:])
+    assert (a + b) / 2 != pytest.approx(whole.item())
+    n = mask.sum()
+    a, _ = policy_loss(lp[:2], lp[:2], adv[:2], mask[:2], num_tokens=n)
+    b, _ = policy_loss(lp[2:], lp[2:], adv[2:], mask[2:], num_tokens=n)
+    assert (a + b).item() == pytest.approx(whole.item())
+
+
+def test_first_update_ratio_is_one_off_policy(tmp_path, tiny_model):
+    """With 2 optimizer steps per rollout batch the trainer recomputes old_log_prob (with the sampling
+    temperature); the first step's ratio must be 1 and the second's must not."""
+    model, tok = tiny_model
+    table = {f"p{i}": [1.0, -1.0, 0.0, 1.0] for i in range(4)}
+    args = _config(tmp_path, temperature=0.7, max_steps=2, learning_rate=5e-3)
+    trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(table), args=args,
+                          train_dataset=_dataset(4), processing_class=tok)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "klear/ratio_max" in h]
+    assert logs[0]["klear/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert logs[0]["klear/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(logs[1]["klear/ratio_max"] - 1.0) > 1e-4
+
+
+def test_truncated_mask_uses_finish_reason():
+    # stop ids: Qwen-style <|im_end|>=7 and eos=9; max length 4
+    ids = torch.tensor([[1, 2, 3, 4], [1, 2, 7, 0], [1, 2, 3, 7], [5, 6, 0, 0], [1, 2, 3, 9]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]])
+    out = truncated_mask(ids, mask, 4, [9, 7])
+    # full length without stop -> truncated; stopped early (even without a stop token: a stop string) -> not;
+    # stop token exactly at the limit -> not truncated.
+    assert out.tolist() == [True, False, False, False, False]
+    # Judging by tokenizer.eos_token_id alone (9) would wrongly call row 2 truncated:
+    assert truncated_mask(ids, mask, 4, [9]).tolist()[2] is True
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"beta": 0.04}, "beta"),
+        ({"top_p": 0.95}, "top_p"),
+        ({"top_k": 50}, "top_k"),
+        ({"loss_mode": "grpo"}, "loss_mode"),
+        ({"loss_agg_mode": "sum"}, "loss_agg_mode"),
+        ({"clip_ratio_c": 1.0}, "clip_ratio_c"),
+        ({"mask_truncated_completions": True}, "overlong_filter"),
+        ({"steps_per_generation": 3}, "multiple"),
+        ({"zero_adv_criterion": "std"}, "zero_adv_criterion"),
+    ],
+)
+def test_config_rejects_unsupported(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        _config(tmp_path, **kw)
+
+
+def test_config_maps_clip_ratios_to_trl(tmp_path):
+    cfg = _config(tmp_path, clip_ratio_low=0.1, clip_ratio_high=0.3)
+    assert (cfg.epsilon, cfg.epsilon_high) == (0.1, 0.3)
+    assert cfg.optimizer_steps_per_generation == 2
