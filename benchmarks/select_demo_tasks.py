@@ -17,14 +17,18 @@ decodes them greedily with the embedded SmolLM2-135M-Instruct
 
 A good demo task starts at roughly 15-50 % ``acc`` with a clearly higher ``loose``.
 
-Usage::
+Phase ``instructions`` compares instruction wordings, each without and with the one-shot
+demonstration turn (:data:`klear.data.rl_data.DEFAULT_FEW_SHOT`), on one-digit arithmetic;
+phase ``tasks`` runs every candidate task with the best variant of phase 1 (or
+``--instruction`` [``--no-few-shot``]).
 
-    python benchmarks/select_demo_tasks.py                      # both phases (~15 min on 2 cores)
-    python benchmarks/select_demo_tasks.py --phase tasks --n 32 # only the task sweep
-    python benchmarks/select_demo_tasks.py --json-out /tmp/sel.json
+Usage (2 CPU cores; wall times grow a lot when other jobs share the cores)::
 
-Phase ``instructions`` compares instruction wordings on two arithmetic tasks; phase
-``tasks`` runs every candidate task with the best wording of phase 1 (or ``--instruction``).
+    # what produced the table in the report (~20 min):
+    python benchmarks/select_demo_tasks.py --instructions plain format_line --instr-n 32 \\
+        --max-new-tokens 96 --json-out /tmp/sel.json
+    python benchmarks/select_demo_tasks.py --phase tasks --instruction plain --n 32   # tasks only
+
 ``loose``/``boxed``/``empty`` always use math-verify and the helpers below directly.
 """
 
@@ -45,6 +49,14 @@ INSTRUCTIONS = {
     ),
     "fill": "Write the final answer in the form \\boxed{answer}, replacing answer with the number.",
     "end_with": "Think briefly, then end your reply with: The answer is \\boxed{N}, where N is the final number.",
+    "format_line": (
+        "Answer format: first show the calculation, then write \\boxed{} with the result inside it, "
+        "like \\boxed{5}."
+    ),
+    "answer_is": (
+        "Answer format: show the calculation, then write: The answer is \\boxed{N}, with the result in "
+        "place of N, like \\boxed{5}."
+    ),
 }
 
 ARITH_NOPAREN = {"allow_parentheses": False, "allow_negation": False}
@@ -63,7 +75,7 @@ CANDIDATES = [
     ("lcm <=20", "lcm", {"max_value": 20}),
     ("simple_equations 2 terms", "simple_equations", {"min_terms": 2, "max_terms": 2, "max_value": 20}),
 ]
-INSTRUCTION_PHASE_TASKS = ("basic_arith +- 2x2d", "chain_sum 2-3x1-2d")
+INSTRUCTION_PHASE_TASKS = ("basic_arith +-* 2x1d",)
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
@@ -129,12 +141,12 @@ def _reward_fn():
 
 
 def run_config(model, tokenizer, label, name, config, instruction, n, max_new_tokens, batch_size, seed,
-               show_examples):
-    from klear.data.rl_data import make_reasoning_gym_dataset
+               show_examples, few_shot=True):
+    from klear.data.rl_data import DEFAULT_FEW_SHOT, make_reasoning_gym_dataset
     from klear.eval.heldout import generate
 
     ds = make_reasoning_gym_dataset([{"name": name, "config": config}], size=n, seed=seed, split="test",
-                                    instruction=instruction)
+                                    instruction=instruction, few_shot=DEFAULT_FEW_SHOT if few_shot else None)
     t0 = time.time()
     completions = generate(model, tokenizer, ds["prompt"], max_new_tokens=max_new_tokens,
                            batch_size=batch_size, show_progress=False)
@@ -148,7 +160,7 @@ def run_config(model, tokenizer, label, name, config, instruction, n, max_new_to
             s["strict"] = r == 1.0
     lengths = [len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions]
     row = {
-        "label": label, "task": name, "config": config, "instruction": instruction,
+        "label": label, "task": name, "config": config, "instruction": instruction, "few_shot": few_shot,
         "acc": sum(s["strict"] for s in scores) / n,
         "boxed": sum(s["boxed"] for s in scores) / n,
         "empty": sum(s["empty"] for s in scores) / n,
@@ -157,18 +169,23 @@ def run_config(model, tokenizer, label, name, config, instruction, n, max_new_to
         "truncated": sum(L >= max_new_tokens for L in lengths) / n,
         "sec": secs,
     }
+    from collections import Counter
+
+    top = Counter(last_nonempty_boxed(c) for c in completions if last_nonempty_boxed(c) is not None)
+    row["top_boxed"] = top.most_common(3)
     if show_examples:
+        print(f"    most common boxed contents: {row['top_boxed']}", flush=True)
         for c, g in list(zip(completions, golds))[:show_examples]:
             print(f"    gold={g!r} completion={c[:300]!r}", flush=True)
     return row
 
 
 def print_row(row, inst_key):
-    print(f"{row['label']:<28} {inst_key:<10} {row['acc']:>5.2f} {row['boxed']:>6.2f} {row['empty']:>6.2f} "
+    print(f"{row['label']:<28} {inst_key:<16} {row['acc']:>5.2f} {row['boxed']:>6.2f} {row['empty']:>6.2f} "
           f"{row['loose']:>6.2f} {row['len']:>6.1f} {row['truncated']:>6.2f} {row['sec']:>6.1f}", flush=True)
 
 
-HEADER = f"{'task/config':<28} {'instr':<10} {'acc':>5} {'boxed':>6} {'empty':>6} {'loose':>6} {'len':>6} {'trunc':>6} {'sec':>6}"
+HEADER = f"{'task/config':<28} {'instr':<16} {'acc':>5} {'boxed':>6} {'empty':>6} {'loose':>6} {'len':>6} {'trunc':>6} {'sec':>6}"
 
 
 def main(argv=None) -> int:
@@ -184,7 +201,9 @@ def main(argv=None) -> int:
     ap.add_argument("--instr-tasks", nargs="*", default=list(INSTRUCTION_PHASE_TASKS),
                     help="task labels used in the instruction phase")
     ap.add_argument("--instruction", choices=sorted(INSTRUCTIONS), default=None,
-                    help="wording for the task phase (default: best of the instruction phase, else example42)")
+                    help="wording for the task phase (default: best of the instruction phase, else plain)")
+    ap.add_argument("--no-few-shot", action="store_true",
+                    help="task phase without the one-shot demo turn (when --instruction is given or phase=tasks)")
     ap.add_argument("--tasks", nargs="*", default=None, help="labels of CANDIDATES to run (default all)")
     ap.add_argument("--show-examples", type=int, default=2)
     ap.add_argument("--json-out", default=None)
@@ -205,42 +224,44 @@ def main(argv=None) -> int:
 
     by_label = {c[0]: c for c in CANDIDATES}
     results = []
-    best_inst = args.instruction
+    best = (args.instruction or "plain", not args.no_few_shot)
     if args.phase in ("all", "instructions"):
-        print("\n== phase 1: instruction wording ==\n" + HEADER, flush=True)
-        per_inst: dict[str, list[float]] = {}
+        print("\n== phase 1: instruction wording, without / with the one-shot demo turn ==\n" + HEADER, flush=True)
+        per_variant: dict[tuple[str, bool], list[float]] = {}
         for key in args.instructions or list(INSTRUCTIONS):
-            text = INSTRUCTIONS[key]
-            for label in args.instr_tasks:
-                _, name, config = by_label[label]
-                row = run_config(model, tokenizer, label, name, config, text, args.instr_n or args.n,
-                                 args.max_new_tokens,
-                                 args.batch_size, args.seed, args.show_examples)
-                row["instruction_key"] = key
-                row["phase"] = "instructions"
-                results.append(row)
-                per_inst.setdefault(key, []).append(row["acc"])
-                print_row(row, key)
-        if best_inst is None:
-            best_inst = max(per_inst, key=lambda k: (sum(per_inst[k]), k == "example42"))
-        print("mean acc per instruction: " + ", ".join(f"{k}={sum(v)/len(v):.2f}" for k, v in per_inst.items()))
-    best_inst = best_inst or "example42"
+            for shot in (False, True):
+                for label in args.instr_tasks:
+                    _, name, config = by_label[label]
+                    row = run_config(model, tokenizer, label, name, config, INSTRUCTIONS[key],
+                                     args.instr_n or args.n, args.max_new_tokens, args.batch_size, args.seed,
+                                     args.show_examples, few_shot=shot)
+                    row["instruction_key"] = key
+                    row["phase"] = "instructions"
+                    results.append(row)
+                    per_variant.setdefault((key, shot), []).append(row["acc"])
+                    print_row(row, key + ("+shot" if shot else ""))
+        if args.instruction is None:
+            best = max(per_variant, key=lambda k: sum(per_variant[k]))
+        print("mean acc per variant: " + ", ".join(
+            f"{k}{'+shot' if sh else ''}={sum(v) / len(v):.2f}" for (k, sh), v in per_variant.items()))
 
     if args.phase in ("all", "tasks"):
-        print(f"\n== phase 2: tasks (instruction {best_inst!r}) ==\n" + HEADER, flush=True)
+        key, shot = best
+        print(f"\n== phase 2: tasks (instruction {key!r}, one-shot demo {'on' if shot else 'off'}) ==\n" + HEADER,
+              flush=True)
         labels = args.tasks or [c[0] for c in CANDIDATES]
         for label in labels:
             _, name, config = by_label[label]
             try:
-                row = run_config(model, tokenizer, label, name, config, INSTRUCTIONS[best_inst], args.n,
-                                 args.max_new_tokens, args.batch_size, args.seed, args.show_examples)
+                row = run_config(model, tokenizer, label, name, config, INSTRUCTIONS[key], args.n,
+                                 args.max_new_tokens, args.batch_size, args.seed, args.show_examples, few_shot=shot)
             except ValueError as exc:  # e.g. problem space too small for n
                 print(f"{label:<28} skipped: {exc}", flush=True)
                 continue
-            row["instruction_key"] = best_inst
+            row["instruction_key"] = key
             row["phase"] = "tasks"
             results.append(row)
-            print_row(row, best_inst)
+            print_row(row, key + ("+shot" if shot else ""))
 
     if args.json_out:
         with open(args.json_out, "w") as fh:

@@ -362,3 +362,15 @@ def test_verl_rows_dispatch_on_their_data_source():
     assert [compute_score(d, "no think " + r.split("</think>")[1], g) for d, r, g in zip(ds[:4], responses, golds)] == [
         -1.0
     ] * 4
+
+
+def test_list_ground_truth_any_acceptable_answer_counts():
+    from klear.rewards import compute_score, compute_scores
+
+    assert compute_score("math_x", r"\boxed{0.5}", ["1/2", "0.5"]) == 1.0
+    assert compute_score("math_x", r"\boxed{\frac{1}{2}}", '["0.5", "2"]') == 1.0  # JSON text, as klear.data stores
+    assert compute_score("math_x", r"\boxed{3}", ["1/2", "0.5"]) == -1.0
+    # An interval written in LaTeX is one answer, not a JSON list.
+    assert compute_score("math_x", r"\boxed{[0, 1)}", "[0, 1)") == 1.0
+    assert compute_scores(["math_x"] * 3, [r"\boxed{2}", r"\boxed{7}", r"\boxed{5}"],
+                          [["1", "2"], "7", '["4", "6"]']) == [1.0, 1.0, -1.0]

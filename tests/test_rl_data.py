@@ -4,6 +4,7 @@ import re
 import pytest
 
 from klear.data.rl_data import (
+    DEFAULT_FEW_SHOT,
     DEFAULT_INSTRUCTION,
     build_user_message,
     load_rl_dataset,
@@ -29,9 +30,13 @@ def test_reasoning_gym_columns_and_layout():
     assert row["data_source"] == "math_reasoning_gym"
     assert row["reward_model"]["style"] == "rule"
     assert isinstance(row["reward_model"]["ground_truth"], str)
-    assert len(row["prompt"]) == 1 and row["prompt"][0]["role"] == "user"
-    assert row["prompt"][0]["content"] == build_user_message(row["extra_info"]["question"], DEFAULT_INSTRUCTION)
-    assert "\\boxed{}" in row["prompt"][0]["content"]
+    # default: one demo turn pair, then the problem
+    assert [m["role"] for m in row["prompt"]] == ["user", "assistant", "user"]
+    demo = DEFAULT_FEW_SHOT[0]
+    assert row["prompt"][0]["content"] == build_user_message(demo["question"], DEFAULT_INSTRUCTION)
+    assert row["prompt"][1]["content"] == demo["answer"]
+    assert row["prompt"][-1]["content"] == build_user_message(row["extra_info"]["question"], DEFAULT_INSTRUCTION)
+    assert "\\boxed{" in row["prompt"][-1]["content"]
     assert [r["index"] for r in list(ds["extra_info"])] == list(range(12))
     assert {r["split"] for r in list(ds["extra_info"])} == {"train"}
     assert {r["task"] for r in list(ds["extra_info"])} == {"basic_arithmetic"}
@@ -53,8 +58,28 @@ def test_reasoning_gym_weighted_mix_and_determinism():
     tasks = [r["task"] for r in list(a["extra_info"])]
     # weights 1 : 3 of 10 -> 2.5 / 7.5 -> largest remainder, tie to the first task: 3 / 7
     assert tasks.count("basic_arithmetic") == 3 and tasks.count("leg_counting") == 7
-    assert a[0]["prompt"][0]["content"] == a[0]["extra_info"]["question"].strip()  # no instruction
+    assert a[0]["prompt"][-1]["content"] == a[0]["extra_info"]["question"].strip()  # no instruction
     assert len(set(r["question"] for r in list(a["extra_info"]))) == 10  # distinct
+
+
+def test_system_prompt_and_few_shot_options():
+    ds = make_reasoning_gym_dataset([ARITH], size=2, seed=0, system_prompt="Be exact.", few_shot=None)
+    assert [m["role"] for m in ds[0]["prompt"]] == ["system", "user"]
+    assert ds[0]["prompt"][0]["content"] == "Be exact."
+    shots = [{"question": "Q1", "answer": "A1"}, {"question": "Q2", "answer": "A2"}]
+    ds = make_reasoning_gym_dataset([ARITH], size=2, seed=0, few_shot=shots, instruction="Box it.")
+    assert [m["content"] for m in ds[0]["prompt"][:4]] == ["Q1\n\nBox it.", "A1", "Q2\n\nBox it.", "A2"]
+    with pytest.raises(ValueError, match="few_shot"):
+        make_reasoning_gym_dataset([ARITH], size=2, seed=0, few_shot=[{"question": "Q"}])
+
+
+def test_demo_question_never_generated():
+    small = {"name": "basic_arithmetic",
+             "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
+                        "allow_parentheses": False, "allow_negation": False}}
+    ds = make_reasoning_gym_dataset([small], size=120, seed=0)  # 121 distinct questions exist
+    questions = {r["question"] for r in ds["extra_info"]}
+    assert len(questions) == 120 and DEFAULT_FEW_SHOT[0]["question"] not in questions
 
 
 def test_exclusion_keeps_size_and_train_heldout_disjoint():
@@ -75,7 +100,7 @@ def test_tiny_problem_space_raises():
             "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
                        "allow_parentheses": False, "allow_negation": False}}
     with pytest.raises(ValueError, match="too small"):
-        make_reasoning_gym_dataset([tiny], size=200, seed=0)  # at most 10 * 10 distinct questions
+        make_reasoning_gym_dataset([tiny], size=130, seed=0)  # only 121 distinct questions exist
 
 
 @pytest.mark.parametrize("tasks", [[], [{"config": {}}], [{"name": "basic_arithmetic", "weight": 0}],

@@ -92,15 +92,16 @@ def test_two_steps_filter_zero_advantage_groups(tmp_path, tiny_model):
     keep = torch.cat([b["klear_keep"] for b in batches])
     adv = torch.cat([b["advantages"] for b in batches])
     correct = torch.cat([b["klear_is_correct"] for b in batches])
-    # Exactly the 4 rollouts of the mixed group survive, whatever the shuffle put them.
-    assert int(keep.sum()) == 4
-    assert torch.equal(adv[~keep], torch.zeros(12))
-    assert sorted(adv[keep].tolist()) == pytest.approx([-1 / (1 + 1e-6)] * 2 + [1 / (1 + 1e-6)] * 2)
+    # Exactly the 4 rollouts of the mixed group survive, whatever the shuffle put them; the 12 filtered
+    # rollouts were dropped from the micro-batches (one kept rollout in each of the 4 micro-batches).
+    assert keep.tolist() == [True] * 4
+    assert [len(b["klear_keep"]) for b in batches] == [1, 1, 1, 1]
+    assert sorted(adv.tolist()) == pytest.approx([-1 / (1 + 1e-6)] * 2 + [1 / (1 + 1e-6)] * 2)
     # The kept ones are those with nonzero advantage, and 2 of them are correct.
     assert int((keep & correct).sum()) == 2
     # The token-mean divisor counts only kept tokens.
     for i, b in enumerate(batches):
-        window = batches[(i // 2) * 2:(i // 2) * 2 + 2]
+        window = batches[(i // 2) * 2:(i // 2) * 2 + 2]  # gradient_accumulation_steps = 2
         expected = sum(float((w["completion_mask"] * w["klear_keep"].unsqueeze(1)).sum()) for w in window)
         assert b["klear_num_tokens"].item() == expected
     logs = [h for h in trainer.state.log_history if "klear/zero_adv_group_frac" in h]
@@ -158,7 +159,6 @@ def test_accumulated_gradient_equals_one_batch_gradient(tmp_path, tiny_model, lo
     assert rec.grads
     window = trainer._buffered_inputs
     assert len(window) == 2
-    # Ragged: the micro-batches must hold different loss-token counts for the test to mean something.
     counts = [float((b["completion_mask"] * b["klear_keep"].unsqueeze(1)).sum()) for b in window]
 
     # Restore the pre-step parameters and recompute the one-batch loss on the concatenated window.
@@ -166,7 +166,13 @@ def test_accumulated_gradient_equals_one_batch_gradient(tmp_path, tiny_model, lo
         for k, p in model.named_parameters():
             p.copy_(rec.params0[k])
     model.zero_grad()
-    cat = {k: torch.cat([b[k] for b in window]) for k in
+    # Micro-batches are trimmed to their own longest response: right-pad them back to a common length.
+    width = max(b["completion_ids"].size(1) for b in window)
+
+    def pad(t):
+        return torch.nn.functional.pad(t, (0, width - t.size(1))) if t.dim() == 2 and t.size(1) < width else t
+
+    cat = {k: torch.cat([pad(b[k]) if k.startswith("completion") else b[k] for b in window]) for k in
            ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "klear_keep",
             "klear_is_correct")}
     input_ids = torch.cat([cat["prompt_ids"], cat["completion_ids"]], dim=1)
@@ -174,12 +180,12 @@ def test_accumulated_gradient_equals_one_batch_gradient(tmp_path, tiny_model, lo
     model.train()
     log_prob, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attn, cat["completion_ids"].size(1))
     mask = cat["completion_mask"].float() * cat["klear_keep"].float().unsqueeze(1)
-    old = torch.cat([b.get("old_per_token_logps", None) for b in window]) if "old_per_token_logps" in window[0] \
+    old = torch.cat([pad(b["old_per_token_logps"]) for b in window]) if "old_per_token_logps" in window[0] \
         else log_prob.detach()
     pg, _ = policy_loss(log_prob, old, cat["advantages"], mask, loss_mode=loss_mode)
     lm = sft_loss(log_prob, mask, cat["klear_is_correct"])
     (pg + 0.3 * lm).backward()
-    assert counts[0] != counts[1] or sum(counts) > 0
+    assert sum(counts) > 0
     for k, p in model.named_parameters():
         if k in rec.grads:
             # TRL's fused LM head computes log-softmax in float32, so compare at float32 precision
@@ -254,3 +260,26 @@ def test_config_maps_clip_ratios_to_trl(tmp_path):
     cfg = _config(tmp_path, clip_ratio_low=0.1, clip_ratio_high=0.3)
     assert (cfg.epsilon, cfg.epsilon_high) == (0.1, 0.3)
     assert cfg.optimizer_steps_per_generation == 2
+
+
+def test_drop_filtered_samples_keeps_order_and_trims():
+    from klear.rl.trainer import drop_filtered_samples
+
+    def mb(ids, lens, keep):
+        T = 4
+        comp = torch.tensor([[i] * T for i in ids])
+        mask = torch.tensor([[1] * n + [0] * (T - n) for n in lens])
+        return {"completion_ids": comp, "completion_mask": mask, "old_per_token_logps": mask.float(),
+                "advantages": torch.tensor(ids, dtype=torch.float), "klear_keep": torch.tensor(keep),
+                "num_items_in_batch": torch.tensor(7), "prompt_ids": torch.ones(len(ids), 3, dtype=torch.long)}
+
+    out = drop_filtered_samples([mb([0, 1, 2], [4, 1, 2], [False, True, True]),
+                                 mb([3, 4, 5], [3, 2, 1], [True, False, True])])
+    assert [b["advantages"].tolist() for b in out] == [[1.0, 2.0], [3.0, 5.0]]
+    assert [b["completion_ids"].size(1) for b in out] == [2, 3]  # trimmed to each micro-batch's longest
+    assert [b["old_per_token_logps"].size(1) for b in out] == [2, 3]
+    assert out[0]["prompt_ids"].size(1) == 3 and out[1]["num_items_in_batch"].item() == 7
+    # Fewer kept samples than micro-batches: masked placeholders keep every micro-batch non-empty.
+    out = drop_filtered_samples([mb([0, 1], [1, 1], [False, False]), mb([2, 3], [1, 1], [False, True])])
+    assert [len(b["advantages"]) for b in out] == [1, 1]
+    assert sorted(torch.cat([b["klear_keep"] for b in out]).tolist()) == [False, True]

@@ -13,7 +13,9 @@ Two sources:
 
 * :func:`make_reasoning_gym_dataset` / :func:`make_train_and_heldout` generate procedural
   problems with ``reasoning_gym`` (deterministic given the seed; the held-out questions are
-  excluded from training so nothing leaks);
+  excluded from training so nothing leaks). By default each prompt is one worked
+  demonstration turn pair (:data:`DEFAULT_FEW_SHOT`) followed by the problem: without it
+  the embedded 135M model almost never boxes its answer (see ``DEFAULT_FEW_SHOT``);
 * :func:`load_rl_file` reads a verl-style JSONL or parquet file and validates every row.
 
 Ground truths are always strings. A ground truth given as a number is converted with
@@ -34,16 +36,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_INSTRUCTION = (
-    "Solve it step by step. At the end, write the final answer as a number inside \\boxed{}, "
-    "for example \\boxed{42}."
-)
-"""Instruction appended (after a blank line) to every reasoning-gym question.
+DEFAULT_INSTRUCTION = "Put your final answer within \\boxed{}."
+"""Instruction appended (after a blank line) to every question (and to the few-shot demo's)."""
 
-Chosen with ``benchmarks/select_demo_tasks.py`` on the embedded SmolLM2-135M-Instruct: with
-the plain "Put your final answer within \\boxed{}." the model often states the answer and then
-writes an EMPTY ``\\boxed{}``; naming a concrete example (``\\boxed{42}``) fills the box far
-more often.
+DEFAULT_FEW_SHOT: tuple[dict, ...] = (
+    {"question": "Calculate 2 + 3.", "answer": "2 + 3 = 5. The answer is \\boxed{5}."},
+)
+"""One worked demonstration, put before the problem as a user/assistant turn pair.
+
+Chosen with ``benchmarks/select_demo_tasks.py`` on the embedded SmolLM2-135M-Instruct
+(greedy): with ANY instruction wording alone (plain "Put your final answer within
+\\boxed{}.", the DeepSeek-R1 wording, "like \\boxed{5}", "The answer is \\boxed{N}", a system
+prompt) the model almost never puts the number in a box: it states the answer and then
+omits the box, writes an EMPTY ``\\boxed{}`` or copies the placeholder (``\\boxed{N}``), so
+the strict accuracy is 0-6 % on one-digit arithmetic although the stated answer is right
+about half the time. One demonstration turn makes it answer "a op b = c. The answer is
+\\boxed{c}." (100 % boxed, 81 % correct on 16 one-digit +-* problems). The demo question is
+excluded from the generated problems.
 """
 
 DEFAULT_DATA_SOURCE = "math_reasoning_gym"
@@ -51,6 +60,7 @@ VALID_ROLES = ("system", "user", "assistant", "tool")
 
 __all__ = [
     "DEFAULT_DATA_SOURCE",
+    "DEFAULT_FEW_SHOT",
     "DEFAULT_INSTRUCTION",
     "build_user_message",
     "load_rl_dataset",
@@ -161,6 +171,8 @@ def make_reasoning_gym_dataset(
     data_source: str = DEFAULT_DATA_SOURCE,
     instruction: str | None = DEFAULT_INSTRUCTION,
     exclude_questions: Iterable[str] | None = None,
+    system_prompt: str | None = None,
+    few_shot: Sequence[Mapping[str, str]] | None = DEFAULT_FEW_SHOT,
 ):
     """Generate a procedural RL prompt set from a (weighted) mix of reasoning-gym tasks.
 
@@ -183,9 +195,16 @@ def make_reasoning_gym_dataset(
             :data:`DEFAULT_INSTRUCTION`); ``None``/``""`` for the bare question.
         exclude_questions: raw question strings (as reasoning-gym writes them, without the
             instruction) that must not appear, e.g. the held-out set's.
+        system_prompt: if given, a system message put first (otherwise the chat template's
+            default system prompt, if any, applies).
+        few_shot: worked demonstrations ``{"question", "answer"}`` put before the problem as
+            user/assistant turns (the user turn gets the same instruction); default
+            :data:`DEFAULT_FEW_SHOT`; ``None`` or ``()`` for a single-turn prompt. Their
+            questions are never generated as problems.
 
     Returns:
-        A ``datasets.Dataset`` in the layout of this module. ``reward_model.ground_truth`` is
+        A ``datasets.Dataset`` in the layout of this module. ``prompt`` = [system], demo turns,
+        then the user message ``question + blank line + instruction``. ``reward_model.ground_truth`` is
         the reasoning-gym answer; ``extra_info`` = ``{"index", "split", "task", "question",
         "rg_seed", "rg_index"}``; ``prompt_id`` = ``"<split>/<seed>/<index>"``.
 
@@ -200,6 +219,17 @@ def make_reasoning_gym_dataset(
     norm = _normalise_tasks(tasks)
     counts = _split_counts(size, [t["weight"] for t in norm])
     excluded = set(exclude_questions or ())
+    demo_messages: list[dict] = []
+    for k, demo in enumerate(few_shot or ()):
+        if not isinstance(demo, Mapping) or not all(isinstance(demo.get(f), str) and demo.get(f)
+                                                    for f in ("question", "answer")):
+            raise ValueError(f"few_shot[{k}] must be a dict with non-empty string 'question' and 'answer'")
+        demo_messages += [{"role": "user", "content": build_user_message(demo["question"], instruction)},
+                          {"role": "assistant", "content": demo["answer"]}]
+        excluded.add(demo["question"])
+        excluded.add(demo["question"].strip())
+    if system_prompt:
+        demo_messages.insert(0, {"role": "system", "content": system_prompt})
 
     generated: list[tuple[str, int, int, dict]] = []  # (task, rg_seed, rg_index, entry)
     for ti, (task, count) in enumerate(zip(norm, counts)):
@@ -211,8 +241,9 @@ def make_reasoning_gym_dataset(
     rows = []
     for index, (name, rg_seed, rg_index, entry) in enumerate(generated):
         question = entry["question"]
+        messages = demo_messages + [{"role": "user", "content": build_user_message(question, instruction)}]
         rows.append({
-            "prompt": [{"role": "user", "content": build_user_message(question, instruction)}],
+            "prompt": messages,
             "data_source": data_source,
             "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
             "extra_info": {

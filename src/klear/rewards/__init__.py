@@ -22,6 +22,8 @@ scorer; the math scorer uses ``require_think`` and ``timeout_s`` and ignores the
 
 from __future__ import annotations
 
+import json
+
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -237,6 +239,21 @@ def _math_think_default(data_source: str, require_think: bool | None) -> bool:
     return ("longcot" in data_source) if require_think is None else bool(require_think)
 
 
+def _gold_alternatives(ground_truth: Any) -> list[Any] | None:
+    """Several acceptable answers: a list, or its JSON text (``'["1/2", "0.5"]'``, as ``klear.data`` stores
+    lists). None for an ordinary single ground truth."""
+    if isinstance(ground_truth, (list, tuple)):
+        return list(ground_truth)
+    if isinstance(ground_truth, str) and ground_truth.lstrip().startswith("["):
+        try:
+            decoded = json.loads(ground_truth)
+        except ValueError:
+            return None  # e.g. an interval "[0, 1)": a single LaTeX answer
+        if isinstance(decoded, list) and decoded and all(isinstance(x, (str, int, float)) for x in decoded):
+            return decoded
+    return None
+
+
 def _math_entry(
     data_source: str,
     solution_str: str,
@@ -248,7 +265,11 @@ def _math_entry(
     **_ignored: Any,
 ) -> float:
     """Registry adapter for :func:`math_score` (``require_think`` defaults to
-    ``"longcot" in data_source``; unknown keyword arguments are ignored)."""
+    ``"longcot" in data_source``; unknown keyword arguments are ignored). A ground truth that is a
+    list of acceptable answers (or its JSON text) scores +1 when any of them matches."""
+    if _gold_alternatives(ground_truth) is not None:
+        return _math_batch_entry([data_source], [solution_str], [ground_truth], [extra_info],
+                                 require_think=require_think, timeout_s=timeout_s)[0]
     return math_score(
         solution_str,
         ground_truth,
@@ -268,14 +289,20 @@ def _math_batch_entry(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     **_ignored: Any,
 ) -> list[float]:
-    """Registry batch adapter for :func:`math_score_batch`."""
-    return math_score_batch(
-        solution_strs,
-        ground_truths,
-        require_think=[_math_think_default(ds, require_think) for ds in data_sources],
-        timeout_s=timeout_s,
-        max_workers=max_workers,
-    )
+    """Registry batch adapter for :func:`math_score_batch`; list ground truths are expanded into one
+    check per acceptable answer and the item scores the best of them."""
+    owner, sols, golds, thinks = [], [], [], []
+    for i, (ds, sol, gt) in enumerate(zip(data_sources, solution_strs, ground_truths, strict=True)):
+        for gold in _gold_alternatives(gt) or [gt]:
+            owner.append(i)
+            sols.append(sol)
+            golds.append(gold)
+            thinks.append(_math_think_default(ds, require_think))
+    flat = math_score_batch(sols, golds, require_think=thinks, timeout_s=timeout_s, max_workers=max_workers)
+    out = [WRONG_REWARD] * len(solution_strs)
+    for i, score in zip(owner, flat):
+        out[i] = max(out[i], score)
+    return out
 
 
 register_scorer("math", _math_entry, batch_fn=_math_batch_entry)

@@ -15,11 +15,14 @@ Robustness rules:
   :class:`TaskOutcome` whose ``status`` says what happened.
 - Safe to call concurrently from many threads.
 
-The start method defaults to ``"spawn"`` (forking a process that already runs threads,
-as trainers do, can deadlock the child). Override it with the ``start_method`` argument
-or the ``KLEAR_REWARD_START_METHOD`` environment variable (``spawn``, ``forkserver``,
-``fork``). With ``spawn``/``forkserver`` a script that uses the pool must guard its entry
-point with ``if __name__ == "__main__":`` (standard multiprocessing rule).
+The start method defaults to ``"fork"`` where the platform has it (Linux), else ``"spawn"``.
+``spawn`` and ``forkserver`` re-import the parent's ``__main__`` module in every worker, so a
+user script without an ``if __name__ == "__main__":`` guard would run again inside each reward
+worker; ``fork`` never does. Forking a process that runs threads (trainers do) is the same
+trade-off PyTorch's DataLoader makes by default on Linux: the worker only runs math-verify,
+never torch, and CPython re-initialises its own locks after ``fork``. Override with the
+``start_method`` argument or the ``KLEAR_REWARD_START_METHOD`` environment variable (``fork``,
+``spawn``, ``forkserver``).
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ def limit_worker_memory(extra_mb: int | None = None) -> None:
 
 
 def _resolve_start_method(start_method: str | None) -> str:
-    method = start_method or os.environ.get("KLEAR_REWARD_START_METHOD") or "spawn"
+    default = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    method = start_method or os.environ.get("KLEAR_REWARD_START_METHOD") or default
     if method not in multiprocessing.get_all_start_methods():
         logger.warning(
             "start method %r is not available here (choose from %s); using 'spawn'",

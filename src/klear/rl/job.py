@@ -33,7 +33,8 @@ import yaml
 logger = logging.getLogger(__name__)
 
 _TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer"}
-_DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "data_source", "instruction"}
+_DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "data_source", "instruction", "system_prompt",
+              "few_shot"}
 _EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size"}
 
 
@@ -68,11 +69,7 @@ def _build_datasets(data: dict[str, Any], seed: int):
     from klear.data.rl_data import load_rl_dataset, make_reasoning_gym_dataset, make_train_and_heldout
 
     train_src, heldout_src = data.get("train", "reasoning_gym"), data.get("heldout")
-    rg_kwargs = {}
-    if data.get("instruction"):
-        rg_kwargs["instruction"] = data["instruction"]
-    if data.get("data_source"):
-        rg_kwargs["data_source"] = data["data_source"]
+    rg_kwargs = {k: data[k] for k in ("instruction", "data_source", "system_prompt", "few_shot") if k in data}
     if train_src == "reasoning_gym":
         if not data.get("tasks"):
             raise ValueError("data.train=reasoning_gym needs data.tasks (a list of {name, config, weight})")

@@ -21,10 +21,11 @@ Deliberate deviations
 ---------------------
 From the paper (arXiv 2508.07629):
 
-1. Zero-advantage groups (and, with ``overlong_filter``, truncated responses) are removed by
-   MASKING: they stay in the micro-batch tensors but carry no loss and no tokens in the
-   normaliser. The paper drops them from the batch. The loss and gradient are identical; only
-   the compute spent on their forward/backward is not saved.
+1. Zero-advantage groups (and, with ``overlong_filter``, truncated responses) are dropped from
+   the rollout batch before it is cut into micro-batches (:func:`drop_filtered_samples`), as in
+   the paper, but the number of optimizer steps per rollout batch stays
+   ``steps_per_generation / gradient_accumulation_steps``: the kept samples are spread over them.
+   (The authors' mini-batches have a fixed size, so a heavily filtered batch gets fewer steps.)
 2. "All rewards equal" is decided on the raw rewards (exact float equality), so soft code rewards
    (e.g. eight rewards of 0.7) are filtered too. The paper does not say how soft-reward groups
    are decided.
@@ -202,6 +203,60 @@ def truncated_mask(completion_ids: torch.Tensor, completion_mask: torch.Tensor, 
     return (lengths >= max_completion_length) & ~ends_with_stop
 
 
+# Per-response tensors whose second dimension is the completion length (trimmed together).
+_COMPLETION_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "sampling_per_token_logps",
+                    "ref_per_token_logps", "tool_mask", "importance_sampling_ratio")
+
+
+def drop_filtered_samples(micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Physically remove the samples with ``klear_keep == False`` from one rollout batch's micro-batches.
+
+    The kept samples (in their current, already shuffled order) are spread over the same number of
+    micro-batches as evenly as possible, and each micro-batch's completion tensors are trimmed to its
+    longest response, so filtered groups cost no forward/backward compute. If fewer samples are kept than
+    there are micro-batches, filtered samples fill the gap (they stay masked out: ``klear_keep`` False), so no
+    micro-batch is empty. The loss is unchanged: filtered samples contributed neither terms nor tokens.
+
+    Args:
+        micro_batches: dicts of per-sample tensors ``(B_i, ...)``/lists plus shared scalars, with a
+            ``klear_keep`` ``(B_i,)`` bool tensor.
+
+    Returns:
+        A list of the same length.
+    """
+    n = len(micro_batches)
+    full: dict[str, Any] = {}
+    for key, first in micro_batches[0].items():
+        values = [mb[key] for mb in micro_batches]
+        if isinstance(first, torch.Tensor) and first.ndim > 0:
+            full[key] = torch.cat(values)
+        elif isinstance(first, list):
+            full[key] = [x for v in values for x in v]
+        else:
+            full[key] = first  # 0-dim tensors and None are shared by every micro-batch
+    keep = full["klear_keep"]
+    kept, dropped = keep.nonzero().flatten(), (~keep).nonzero().flatten()
+    if kept.numel() < n:
+        kept = torch.cat([kept, dropped[: n - kept.numel()]])
+    out = []
+    for idx in torch.tensor_split(kept, n):
+        mb = {}
+        for key, value in full.items():
+            if isinstance(value, torch.Tensor) and value.ndim > 0:
+                mb[key] = value[idx.to(value.device)]
+            elif isinstance(value, list):
+                mb[key] = [value[i] for i in idx.tolist()]
+            else:
+                mb[key] = value
+        length = max(int(mb["completion_mask"].sum(dim=1).max()), 1)
+        for key in _COMPLETION_KEYS:
+            value = mb.get(key)
+            if isinstance(value, torch.Tensor) and value.ndim == 2 and value.size(1) == full["completion_ids"].size(1):
+                mb[key] = value[:, :length]
+        out.append(mb)
+    return out
+
+
 class GPPOTrainer(GRPOTrainer):
     """GRPO trainer with Klear-Reasoner's GPPO loss, SFT-on-correct term and batch filters.
 
@@ -303,7 +358,9 @@ class GPPOTrainer(GRPOTrainer):
         before = self._buffered_inputs
         inputs = super()._prepare_inputs(generation_batch)
         if self._buffered_inputs is not before:
+            self._buffered_inputs = drop_filtered_samples(self._buffered_inputs)
             self._annotate_optimizer_windows(self._buffered_inputs)
+            inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
         return inputs
 
     def _annotate_optimizer_windows(self, micro_batches: list[dict[str, Any]]) -> None:
