@@ -143,3 +143,30 @@ def test_shipped_recipes_are_valid():
     per_step = t["per_device_train_batch_size"] * t["gradient_accumulation_steps"] * 8
     assert per_step == 16 * 8  # mini-batch 16 prompts x 8 responses on 8 processes
     assert t["steps_per_generation"] * t["per_device_train_batch_size"] * 8 == 128 * 8
+
+
+def test_bad_values_fail_before_any_work(tmp_path, tiny_ckpt, capsys):
+    cfg_path = tmp_path / "recipe.yaml"
+    cfg_path.write_text(yaml.safe_dump(_job(tmp_path, tiny_ckpt)))
+    run_dir = tmp_path / "run"
+    cases = [
+        (["trainer.learning_rate=abc"], "trainer.learning_rate='abc' must be a number"),
+        (["trainer.lerning_rate=1"], "did you mean 'learning_rate'"),
+        (["trainer.beta=0.1"], "beta"),
+        (["model=/nonexistent/path"], "no such directory"),
+    ]
+    for overrides, message in cases:
+        code = main(["rl", "--config", str(cfg_path), *overrides])
+        err = capsys.readouterr().err
+        assert code == 2, overrides
+        assert message in err, (overrides, err)
+        assert "command-line overrides" in err or "no such directory" in err
+        assert not run_dir.exists(), overrides  # nothing written for a rejected recipe
+
+
+def test_resume_flag_does_not_swallow_overrides(tmp_path, tiny_ckpt, capsys):
+    cfg_path = tmp_path / "recipe.yaml"
+    cfg_path.write_text(yaml.safe_dump(_job(tmp_path, tiny_ckpt)))
+    code = main(["rl", "--config", str(cfg_path), "--resume", f"output_dir={tmp_path / 'other'}"])
+    assert code == 2
+    assert f"no checkpoint found in {tmp_path / 'other' / 'checkpoints'}" in capsys.readouterr().err

@@ -14,11 +14,10 @@ def _rl(ns: argparse.Namespace) -> int:
     config, path = load_config(ns.config, ns.overrides)
     if ns.output_dir:
         config["output_dir"] = ns.output_dir
-    resume = ns.resume if ns.resume is not None else False
-    if resume == "latest":
-        resume = True
+    resume = ns.resume_from or ns.resume
     print(f"klear rl: recipe {path}, run directory {config.get('output_dir')}", flush=True)
-    run_rl(config, source=str(path), resume=resume)
+    source = f"{path} + command-line overrides" if ns.overrides else str(path)
+    run_rl(config, source=source, resume=resume)
     return 0
 
 
@@ -33,8 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--config", default="rl_demo",
                     help="a YAML recipe path, or a shipped recipe name (rl_demo, rl_math_klear); default rl_demo")
     rl.add_argument("--output-dir", default=None, help="run directory (overrides output_dir)")
-    rl.add_argument("--resume", nargs="?", const="latest", default=None,
-                    help="continue from the latest checkpoint of the run directory, or from the given checkpoint")
+    rl.add_argument("--resume", action="store_true",
+                    help="continue from the latest checkpoint in <output_dir>/checkpoints")
+    rl.add_argument("--resume-from", default=None, metavar="CHECKPOINT",
+                    help="continue from this checkpoint directory")
     rl.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
     rl.set_defaults(func=_rl)
     return parser

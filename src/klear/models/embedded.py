@@ -102,10 +102,18 @@ def embedded_model_path(cache: str | os.PathLike | None = None) -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map ``"embedded"`` (or the embedded model's name) to its converted checkpoint; pass anything else through."""
+    """Map ``"embedded"`` (or the embedded model's name) to its converted checkpoint; pass anything else through.
+
+    Raises:
+        FileNotFoundError: a local-looking path (``/``, ``./``, ``../``, ``~``) that is not a directory.
+    """
     if name_or_path.strip().lower() in EMBEDDED_ALIASES:
         return str(embedded_model_path())
-    return name_or_path
+    looks_local = name_or_path.startswith(("/", "./", "../", "~")) or os.path.sep + os.path.sep in name_or_path
+    if looks_local and not Path(name_or_path).expanduser().is_dir():
+        raise FileNotFoundError(f"model {name_or_path!r}: no such directory (expected a Hugging Face checkpoint "
+                                "folder, a hub id, or 'embedded')")
+    return str(Path(name_or_path).expanduser()) if looks_local else name_or_path
 
 
 def tiny_random_model(tokenizer_path: str | os.PathLike | None = None, *, hidden_size: int = 64,

@@ -21,6 +21,7 @@ Klear settings). See ``configs/rl_demo.yaml`` and ``configs/rl_math_klear.yaml``
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -59,10 +60,19 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     _check_keys(config.get("eval") or {}, _EVAL_KEYS, "'eval'", source)
     from klear.rl.trainer import GPPOConfig
 
-    fields = {f.name for f in dataclasses.fields(GPPOConfig)}
-    unknown = sorted(set(config["trainer"]) - fields)
+    fields = {f.name: f for f in dataclasses.fields(GPPOConfig)}
+    unknown = sorted(set(config["trainer"]) - set(fields))
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown} in 'trainer' (not GPPOConfig/GRPOConfig fields)")
+        hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, fields, n=1)) else repr(k)
+                 for k in unknown]
+        raise ValueError(f"{source}: unknown key(s) {', '.join(hints)} in 'trainer' (not GPPOConfig/GRPOConfig fields)")
+    for key, value in config["trainer"].items():
+        default = fields[key].default
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{source}: trainer.{key}={value!r} must be a number (default {default!r})")
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"{source}: trainer.{key}={value!r} must be true or false")
 
 
 def _build_datasets(data: dict[str, Any], seed: int):
@@ -141,12 +151,19 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
         resume = last
     elif resume and not Path(resume).is_dir():
         raise FileNotFoundError(f"--resume: checkpoint {resume} does not exist")
+    seed = int(config.get("seed", 0))
+    trainer_cfg = _device_defaults(config["trainer"])
+    trainer_cfg.setdefault("seed", seed)
+    trainer_cfg.setdefault("logging_steps", 1)
+    trainer_cfg.setdefault("report_to", ["tensorboard"])
+    try:  # before any heavy work or file is written
+        args = GPPOConfig(output_dir=str(ckpt_dir), **trainer_cfg)
+    except ValueError as e:
+        raise ValueError(f"{source}: trainer: {e}") from None
+    model_path = resolve_model_path(str(config["model"]))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-
-    seed = int(config.get("seed", 0))
     torch.manual_seed(seed)
-    model_path = resolve_model_path(str(config["model"]))
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -156,12 +173,7 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
     logger.info("data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0,
                 time.time() - t0)
 
-    trainer_cfg = _device_defaults(config["trainer"])
-    trainer_cfg.setdefault("seed", seed)
-    trainer_cfg.setdefault("logging_steps", 1)
-    trainer_cfg.setdefault("report_to", ["tensorboard"])
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
-    args = GPPOConfig(output_dir=str(ckpt_dir), **trainer_cfg)
     trainer = GPPOTrainer(
         model=model_path,
         args=args,
