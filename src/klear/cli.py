@@ -1,10 +1,24 @@
-"""Command line: ``klear rl [--config FILE] [--resume [CKPT]] [key=value ...]``."""
+"""Command line: ``klear rl|sft|eval|data ...``.
+
+Each subcommand lives in its own module that exposes ``add_parser(subparsers)``; the
+parser it adds must ``set_defaults(func=handler)`` where ``handler(ns) -> int`` returns the
+exit code. ``ValueError`` / ``FileNotFoundError`` raised by a handler become a one-line
+``klear <command>: error: ...`` message and exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
+
+# Modules that each add one subcommand with ``add_parser(subparsers)``.
+_SUBCOMMAND_MODULES: list[str] = [
+    # "klear.sft.cli",   (klear sft)
+    # "klear.eval.cli",  (klear eval)
+    # "klear.data.cli",  (klear data)
+]
 
 
 def _rl(ns: argparse.Namespace) -> int:
@@ -38,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue from this checkpoint directory")
     rl.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
     rl.set_defaults(func=_rl)
+    for module_name in _SUBCOMMAND_MODULES:
+        importlib.import_module(module_name).add_parser(sub)
     return parser
 
 
