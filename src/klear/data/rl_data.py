@@ -402,6 +402,33 @@ def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str]:
     return text, style
 
 
+def _is_code_source(data_source: str) -> bool:
+    from klear.rewards import get_scorer
+    from klear.rewards.code_reward import code_score
+
+    try:
+        return get_scorer(data_source) is code_score
+    except ValueError:
+        return False
+
+
+def _check_code_ground_truth(where: str, reward_model: Any, extra_info: Any) -> tuple[str, str]:
+    """Code rows: the ground truth may be a dict/list (stored as JSON text) and must parse as one of
+    the layouts of :mod:`klear.rewards.code_reward`."""
+    from klear.rewards.code_reward import parse_ground_truth
+
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        raise ValueError(f"{where}: field 'reward_model.ground_truth' is missing (expected the tests of a code "
+                         f"problem, see klear.rewards.code_reward)")
+    gt = reward_model["ground_truth"]
+    try:
+        parse_ground_truth(gt, extra_info if isinstance(extra_info, dict) else None)
+    except ValueError as e:
+        raise ValueError(f"{where}: field 'reward_model.ground_truth': {e}") from None
+    style = reward_model.get("style") or "rule"
+    return (gt if isinstance(gt, str) else json.dumps(gt, ensure_ascii=False)), style
+
+
 def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = None, split: str = "train"):
     """Load and validate a verl-style RL prompt file (JSONL/JSON lines or parquet).
 
@@ -471,7 +498,10 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
         if not isinstance(data_source, str) or not data_source:
             raise ValueError(f"{where}: field 'data_source' is {_short(data_source)} (expected a non-empty string)")
 
-        ground_truth, style = _check_ground_truth(where, rec.get("reward_model"))
+        if _is_code_source(data_source):
+            ground_truth, style = _check_code_ground_truth(where, rec.get("reward_model"), rec.get("extra_info"))
+        else:
+            ground_truth, style = _check_ground_truth(where, rec.get("reward_model"))
 
         extra = rec.get("extra_info")
         if extra is None:

@@ -326,3 +326,13 @@ __all__ = [
     "shutdown_math_pool",
     "unregister_scorer",
 ]
+
+# ------------------------------------------------------------------ code registration
+from klear.rewards import code_reward as _code_reward  # noqa: E402
+
+register_scorer("code", _code_reward.code_score, batch_fn=_code_reward.code_score_batch)
+__all__ += ["code_score", "code_score_batch", "code_score_detailed", "code_score_batch_detailed"]
+code_score = _code_reward.code_score
+code_score_batch = _code_reward.code_score_batch
+code_score_detailed = _code_reward.code_score_detailed
+code_score_batch_detailed = _code_reward.code_score_batch_detailed

@@ -33,9 +33,12 @@ import yaml
 
 logger = logging.getLogger(__name__)
 
-_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer"}
+_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "reward"}
 _DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "data_source", "instruction", "system_prompt",
               "few_shot"}
+# scorer options passed to klear.rewards.compute_scores (math reads require_think and timeout_s;
+# code reads all of them)
+_REWARD_KEYS = {"reward_mode", "require_think", "time_limit_s", "timeout_s", "stop_on_first_failure"}
 _EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size"}
 
 
@@ -57,6 +60,12 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
         if config.get(key) in (None, ""):
             raise ValueError(f"{source}: '{key}' is required")
     _check_keys(config["data"], _DATA_KEYS, "'data'", source)
+    if not isinstance(config.get("reward") or {}, dict):
+        raise ValueError(f"{source}: 'reward' must be a mapping of scorer options (e.g. reward_mode: soft)")
+    _check_keys(config.get("reward") or {}, _REWARD_KEYS, "'reward'", source)
+    mode = (config.get("reward") or {}).get("reward_mode", "soft")
+    if mode not in ("soft", "hard"):
+        raise ValueError(f"{source}: reward.reward_mode={mode!r} must be 'soft' or 'hard'")
     _check_keys(config.get("eval") or {}, _EVAL_KEYS, "'eval'", source)
     from klear.rl.trainer import GPPOConfig
 
@@ -79,6 +88,16 @@ def _build_datasets(data: dict[str, Any], seed: int):
     from klear.data.rl_data import load_rl_dataset, make_reasoning_gym_dataset, make_train_and_heldout
 
     train_src, heldout_src = data.get("train", "reasoning_gym"), data.get("heldout")
+    if train_src == "humaneval":
+        from klear.data.code_data import make_humaneval_datasets
+
+        he_kwargs = {k: data[k] for k in ("instruction", "data_source", "system_prompt") if k in data}
+        if heldout_src not in (None, "", "none", "humaneval"):
+            raise ValueError("data.train=humaneval takes data.heldout=humaneval (a disjoint split) or none")
+        train, heldout = make_humaneval_datasets(
+            int(data.get("train_size", 32)), int(data.get("heldout_size", 0)) if heldout_src else 0,
+            seed=seed, **he_kwargs)
+        return train, heldout
     rg_kwargs = {k: data[k] for k in ("instruction", "data_source", "system_prompt", "few_shot") if k in data}
     if train_src == "reasoning_gym":
         if not data.get("tasks"):
@@ -174,8 +193,11 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
                 time.time() - t0)
 
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
+    from klear.rl.reward_fn import make_klear_reward
+
     trainer = GPPOTrainer(
         model=model_path,
+        reward_funcs=make_klear_reward(**(config.get("reward") or {})),
         args=args,
         train_dataset=train,
         processing_class=tokenizer,

@@ -20,7 +20,8 @@ def _completion_text(completion: Any) -> str:
     raise TypeError(f"unsupported completion type {type(completion).__name__}; expected str or list of messages")
 
 
-def klear_reward(prompts, completions, data_source=None, reward_model=None, extra_info=None, **_: Any) -> list[float]:
+def klear_reward(prompts, completions, data_source=None, reward_model=None, extra_info=None,
+                 _options: dict | None = None, **_: Any) -> list[float]:
     """Score a batch of rollouts with :func:`klear.rewards.compute_scores` (verl-style dispatch on ``data_source``).
 
     Args:
@@ -53,4 +54,22 @@ def klear_reward(prompts, completions, data_source=None, reward_model=None, extr
         ground_truths.append(gt)
     texts = [_completion_text(c) for c in completions]
     infos = list(extra_info) if extra_info is not None else [None] * n
-    return [float(r) for r in compute_scores(list(data_source), texts, ground_truths, infos)]
+    return [float(r) for r in compute_scores(list(data_source), texts, ground_truths, infos, **(_options or {}))]
+
+
+def make_klear_reward(**reward_kwargs: Any):
+    """:func:`klear_reward` with scorer options bound (the ``reward:`` section of a ``klear rl`` recipe).
+
+    ``reward_kwargs`` go to :func:`klear.rewards.compute_scores`, e.g. ``reward_mode="hard"`` and
+    ``time_limit_s=4`` for code, ``require_think=True`` for math and code. With no options this is
+    :func:`klear_reward` itself.
+    """
+    if not reward_kwargs:
+        return klear_reward
+
+    def klear_reward_with_options(prompts, completions, data_source=None, reward_model=None, extra_info=None,
+                                  **columns: Any) -> list[float]:
+        return klear_reward(prompts, completions, data_source, reward_model, extra_info, _options=reward_kwargs)
+
+    klear_reward_with_options.__name__ = "klear_reward"
+    return klear_reward_with_options

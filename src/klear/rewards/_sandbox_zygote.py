@@ -1,0 +1,648 @@
+"""Sandbox zygote: a warm interpreter that forks one confined child per program run.
+
+Started by :class:`klear.rewards.sandbox.Sandbox` as ``python -I -B _sandbox_zygote.py FD`` where
+``FD`` is one end of an ``AF_UNIX``/``SOCK_SEQPACKET`` socket pair. Standard library only; this
+file runs as a script, never imported by the package.
+
+Protocol (one JSON object per packet, file descriptors attached with ``SCM_RIGHTS``):
+
+- zygote -> parent, once: ``{"op": "hello", "pid", "root", "net_isolated", "notes": [...]}``.
+- parent -> zygote ``{"op": "spawn", "id", "mode": "stdio"|"rpc", "workdir", "uid", "gid", "limits",
+  "env"}`` with the child's descriptors (stdio: stdin, stdout, stderr; rpc: stdin, stdout, stderr,
+  requests-in, replies-out) -> ``{"op": "spawned", "id", "pid"}``.
+- parent -> zygote ``{"op": "reap", "id", "uid"}`` -> a short-lived child that switches to ``uid``
+  and sends SIGKILL to every process of that uid (``kill(-1)``), then ``{"op": "reaped", "id"}``.
+- zygote -> parent, whenever a child ends: ``{"op": "exit", "pid", "status"}`` (raw wait status).
+
+The zygote itself holds no test data: the parent sends only the program's location and limits,
+so a forked child can never find expected outputs in memory it inherited.
+"""
+
+import builtins
+import ctypes
+import ctypes.util
+import io
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import traceback
+
+# Modules solutions commonly import: loaded once here, shared copy-on-write by every child.
+_PRELOAD = (
+    "array", "bisect", "collections", "copy", "datetime", "decimal", "fractions", "functools",
+    "heapq", "itertools", "json", "math", "operator", "random", "re", "statistics", "string",
+    "typing", "dataclasses", "enum", "hashlib", "cmath", "queue", "textwrap", "unicodedata",
+)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _isolate_network():
+    """Put this process (and so every child) in a fresh network namespace: no interfaces but a
+    down loopback. Returns (isolated, note)."""
+    try:
+        libc = _libc()
+    except OSError as e:  # pragma: no cover - no libc
+        return False, f"no libc ({e}); network NOT isolated"
+    if os.geteuid() == 0:
+        if libc.unshare(CLONE_NEWNET) == 0:
+            return True, "network namespace (root)"
+        err = ctypes.get_errno()
+        return False, f"unshare(CLONE_NEWNET) failed: {os.strerror(err)}; network NOT isolated"
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
+        try:  # map ourselves so file ownership still reads right
+            with open("/proc/self/setgroups", "w") as f:
+                f.write("deny")
+            with open("/proc/self/uid_map", "w") as f:
+                f.write(f"{uid} {uid} 1")
+            with open("/proc/self/gid_map", "w") as f:
+                f.write(f"{gid} {gid} 1")
+        except OSError:
+            pass
+        return True, "user + network namespace (unprivileged)"
+    err = ctypes.get_errno()
+    return False, f"unprivileged user namespaces unavailable ({os.strerror(err)}); network NOT isolated"
+
+
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+
+
+def _needed_paths():
+    """Directories a child must be able to read: the interpreter's prefixes and sys.path."""
+    out = set()
+    for p in [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]:
+        if p and os.path.isdir(p):
+            out.add(os.path.realpath(p))
+    return sorted(out)
+
+
+def _blocking_ancestor(path):
+    """The highest ancestor of *path* that others cannot traverse (mode without o+x), or None."""
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts)):
+        anc = "/" + "/".join(parts[:i])
+        try:
+            if not os.stat(anc).st_mode & 0o001:
+                return anc
+        except OSError:
+            return None
+    return None
+
+
+def _expose_interpreter(stage_root):
+    """Root only, in a private mount namespace: make the interpreter readable by the sandbox uid
+    even when it lives under a private directory such as ``/root`` (pyenv, conda). The private
+    directory is covered by an empty tmpfs (so its other contents are hidden from the child) and
+    only the needed subdirectories are bind-mounted back. Returns a note."""
+    libc = _libc()
+    if libc.unshare(CLONE_NEWNS) != 0:
+        return "no mount namespace: interpreter files under private directories may be unreadable"
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return "could not make mounts private"
+    groups = {}
+    for p in _needed_paths():
+        anc = _blocking_ancestor(p)
+        if anc is not None:
+            groups.setdefault(anc, []).append(p)
+    hidden = []
+    for anc, paths in groups.items():
+        # keep only the outermost paths (a bind of a parent already carries its children)
+        paths = [p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)]
+        staged = []
+        for i, p in enumerate(paths):
+            st = os.path.join(stage_root, f"stage-{len(hidden)}-{i}")
+            os.makedirs(st, exist_ok=True)
+            if libc.mount(p.encode(), st.encode(), None, MS_BIND | MS_REC, None) != 0:
+                return f"bind of {p} failed"
+            staged.append((p, st))
+        if libc.mount(b"tmpfs", anc.encode(), b"tmpfs", 0, b"mode=0711,size=1m") != 0:
+            return f"tmpfs over {anc} failed"
+        for p, st in staged:
+            os.makedirs(p, mode=0o711, exist_ok=True)
+            if libc.mount(st.encode(), p.encode(), None, MS_BIND | MS_REC, None) != 0:
+                return f"re-bind of {p} failed"
+            libc.umount2(st.encode(), MNT_DETACH)
+            try:
+                os.rmdir(st)
+            except OSError:
+                pass
+        hidden.append(anc)
+    return f"private dirs hidden: {hidden}" if hidden else "no private dirs on the interpreter path"
+
+
+def _send(sock, obj, fds=()):
+    data = json.dumps(obj).encode()
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.send(data)
+
+
+def _set_limits(limits):
+    def lim(res, value):
+        if value is None:
+            return
+        value = int(value)
+        soft, hard = resource.getrlimit(res)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(res, (value, value if hard == resource.RLIM_INFINITY else hard))
+
+    cpu = limits.get("cpu_s")
+    if cpu is not None:
+        cpu = int(cpu)
+        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL
+    lim(resource.RLIMIT_AS, limits.get("address_space"))
+    lim(resource.RLIMIT_FSIZE, limits.get("file_size"))
+    lim(resource.RLIMIT_NOFILE, limits.get("open_files"))
+    lim(resource.RLIMIT_CORE, 0)
+    if limits.get("processes") is not None:
+        lim(resource.RLIMIT_NPROC, limits["processes"])
+
+
+def _fresh_stdio():
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8", errors="replace")
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(1, "wb", closefd=False), 1 << 16), encoding="utf-8", errors="replace")
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True)
+
+
+def _finish_threads():
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:  # noqa: BLE001
+            pass
+
+
+def _flush_and_exit(code):
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+    os._exit(code)
+
+
+def _exit_code(exc):
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(f"{code}\n")
+    except BaseException:  # noqa: BLE001
+        pass
+    return 1
+
+
+def _run_stdio_program(path):
+    with open(path, encoding="utf-8") as f:
+        src = f.read()
+    sys.argv = ["solution.py"]
+    g = {"__name__": "__main__", "__builtins__": builtins, "__file__": "solution.py"}
+    code = 0
+    try:
+        exec(compile(src, path, "exec"), g)  # noqa: S102
+        _finish_threads()
+    except SystemExit as e:
+        code = _exit_code(e)
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        code = 1
+    _flush_and_exit(code)
+
+
+# ------------------------------------------------------------------------------ rpc mode
+# Values cross the pipe as tagged JSON (see klear.rewards.code_reward for the trusted decoder).
+
+_MAX_MSG = 64 << 20
+
+
+def _read_exact(fd, n):
+    chunks = []
+    while n:
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            raise EOFError
+        chunks.append(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+def _rpc_recv(fd):
+    (n,) = struct.unpack(">I", _read_exact(fd, 4))
+    if n > _MAX_MSG:
+        raise ValueError("message too large")
+    return json.loads(_read_exact(fd, n))
+
+
+def _rpc_send(fd, obj):
+    data = json.dumps(obj, allow_nan=False).encode()
+    data = struct.pack(">I", len(data)) + data
+    view = memoryview(data)
+    while view:
+        k = os.write(fd, view)
+        view = view[k:]
+
+
+class _Codec:
+    """Encoder/decoder on the untrusted side. Objects of the trusted prefix's classes travel by
+    value (class name + attributes, with ids so shared and cyclic structures survive); any other
+    object stays here and travels as a handle."""
+
+    def __init__(self, namespace, value_classes):
+        self.ns = namespace
+        self.value_classes = set(value_classes)
+        self.handles = {}
+
+    def handle(self, obj):
+        hid = len(self.handles) + 1
+        self.handles[hid] = obj
+        return {"$t": "handle", "id": hid, "cls": type(obj).__name__, "callable": callable(obj)}
+
+    def encode(self, x, memo=None, depth=0):
+        if memo is None:
+            memo = {}
+        if depth > 2000:
+            raise ValueError("value nested too deeply")
+        t = type(x)
+        if x is None or t is bool or t is str:
+            return x
+        if isinstance(x, bool):
+            return bool(x)
+        if isinstance(x, int):
+            v = int.__index__(x)
+            return v if -(1 << 53) < v < (1 << 53) else {"$t": "int", "v": hex(v)}
+        if isinstance(x, float):
+            v = float.__float__(x)
+            return v if v == v and v not in (float("inf"), float("-inf")) else {"$t": "float", "v": repr(v)}
+        if isinstance(x, str):
+            return str.__str__(x)
+        if isinstance(x, complex):
+            return {"$t": "complex", "v": [x.real, x.imag]}
+        if isinstance(x, (bytes, bytearray)):
+            return {"$t": "bytes", "v": bytes(x).hex()}
+        if isinstance(x, range):
+            return {"$t": "range", "v": [x.start, x.stop, x.step]}
+        enc = lambda y: self.encode(y, memo, depth + 1)  # noqa: E731
+        if isinstance(x, list):
+            return [enc(y) for y in list.__iter__(x)]
+        if isinstance(x, tuple):
+            return {"$t": "tuple", "v": [enc(y) for y in tuple.__iter__(x)]}
+        if isinstance(x, (set, frozenset)):
+            return {"$t": "set" if isinstance(x, set) else "frozenset", "v": [enc(y) for y in x]}
+        if isinstance(x, dict):
+            return {"$t": "dict", "v": [[enc(k), enc(v)] for k, v in dict.items(x)]}
+        mod = getattr(t, "__module__", "") or ""
+        if mod.startswith("numpy") and hasattr(x, "tolist"):
+            return enc(x.tolist())
+        if mod in ("fractions", "decimal"):
+            return {"$t": mod, "v": str(x)}
+        if t.__name__ in self.value_classes and hasattr(x, "__dict__"):
+            key = id(x)
+            if key in memo:
+                return {"$t": "ref", "id": memo[key]}
+            memo[key] = len(memo) + 1
+            return {"$t": "obj", "cls": t.__name__, "id": memo[key],
+                    "v": {k: enc(v) for k, v in vars(x).items()}}
+        if hasattr(x, "__next__") and hasattr(x, "__iter__"):
+            items = []
+            for i, y in enumerate(x):
+                if i >= 1_000_000:
+                    raise ValueError("iterator too long")
+                items.append(enc(y))
+            return {"$t": "iter", "v": items}
+        return self.handle(x)
+
+    def decode(self, x, memo=None):
+        if memo is None:
+            memo = {}
+        if isinstance(x, list):
+            return [self.decode(y, memo) for y in x]
+        if not isinstance(x, dict):
+            return x
+        t, v = x.get("$t"), x.get("v")
+        dec = lambda y: self.decode(y, memo)  # noqa: E731
+        if t == "int":
+            return int(v, 16)
+        if t == "float":
+            return float(v)
+        if t == "tuple":
+            return tuple(dec(y) for y in v)
+        if t == "set":
+            return {dec(y) for y in v}
+        if t == "frozenset":
+            return frozenset(dec(y) for y in v)
+        if t == "dict":
+            return {dec(k): dec(w) for k, w in v}
+        if t == "bytes":
+            return bytes.fromhex(v)
+        if t == "complex":
+            return complex(*v)
+        if t == "range":
+            return range(*v)
+        if t == "iter":
+            return iter([dec(y) for y in v])
+        if t in ("fractions", "decimal"):
+            import fractions
+            import decimal
+            return fractions.Fraction(v) if t == "fractions" else decimal.Decimal(v)
+        if t == "ref":
+            return memo[x["id"]]
+        if t == "handle":
+            return self.handles[x["id"]]
+        if t == "global":
+            return self.ns[x["name"]]
+        if t == "obj":
+            cls = self.ns.get(x["cls"])
+            obj = object.__new__(cls)
+            memo[x["id"]] = obj
+            for k, w in v.items():
+                setattr(obj, k, dec(w))
+            return obj
+        raise ValueError(f"unknown tag {t!r}")
+
+
+def _run_rpc_program(path, prefix_path, setup_path=None):
+    """Load prefix + program into one namespace, report the names it defines, then serve calls."""
+    rfd, wfd = 3, 4
+    sys.argv = ["solution.py"]
+    ns = {"__name__": "solution", "__builtins__": builtins}
+    value_classes = []
+    try:
+        if prefix_path:
+            with open(prefix_path, encoding="utf-8") as f:
+                exec(compile(f.read(), "prefix.py", "exec"), ns)  # noqa: S102
+            value_classes = [k for k, v in ns.items() if isinstance(v, type) and not k.startswith("_")]
+        with open(path, encoding="utf-8") as f:
+            src = f.read()
+        exec(compile(src, "solution.py", "exec"), ns)  # noqa: S102
+        if setup_path:
+            with open(setup_path, encoding="utf-8") as f:
+                exec(compile(f.read(), "setup.py", "exec"), ns)  # noqa: S102
+    except SystemExit as e:
+        _rpc_send(wfd, {"op": "loaded", "ok": False, "error": f"SystemExit({e.code!r}) while loading"})
+        _flush_and_exit(1)
+    except BaseException as e:  # noqa: BLE001
+        _rpc_send(wfd, {"op": "loaded", "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
+        _flush_and_exit(1)
+    names = {}
+    for k, v in list(ns.items()):
+        if k.startswith("__"):
+            continue
+        if isinstance(v, type):
+            names[k] = "class"
+        elif callable(v):
+            names[k] = "function"
+        elif type(v).__name__ != "module":
+            names[k] = "value"
+    _rpc_send(wfd, {"op": "loaded", "ok": True, "names": names})
+    codec = _Codec(ns, value_classes)
+    while True:
+        try:
+            req = _rpc_recv(rfd)
+        except EOFError:
+            _flush_and_exit(0)
+        if req.get("op") == "exit":
+            _flush_and_exit(0)
+        try:
+            target = req["target"]
+            obj = ns[target["name"]] if "name" in target else codec.handles[target["handle"]]
+            if req.get("attr") is not None:
+                obj = getattr(obj, req["attr"])
+            args = codec.decode(req.get("args", []))
+            kwargs = codec.decode(req.get("kwargs", {"$t": "dict", "v": []}))
+            result = obj(*args, **kwargs)
+            reply = {"ok": True, "value": codec.encode(result)}
+        except SystemExit as e:
+            reply = {"ok": False, "error": f"SystemExit({e.code!r})"}
+        except BaseException as e:  # noqa: BLE001
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+        try:
+            _rpc_send(wfd, reply)
+        except (ValueError, TypeError) as e:
+            _rpc_send(wfd, {"ok": False, "error": f"unserialisable result: {e}"[:2000]})
+
+
+# ------------------------------------------------------------------------------- children
+
+
+def _child(req, fds, is_root):
+    """Runs in the forked child: confine, then run the program. Never returns."""
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        high = [os.dup(fd) for fd in fds]
+        for target, fd in enumerate(high):
+            os.dup2(fd, target)
+        os.closerange(len(fds), 1 << 16)
+        os.chdir(req["workdir"])
+        os.umask(0o077)
+        _set_limits(req.get("limits") or {})
+        if is_root and req.get("uid") is not None:
+            os.setgroups([])
+            os.setgid(int(req["gid"]))
+            os.setuid(int(req["uid"]))
+        os.environ.clear()
+        os.environ.update(req.get("env") or {})
+        if hasattr(sys, "set_int_max_str_digits"):
+            sys.set_int_max_str_digits(0)
+        sys.setrecursionlimit(int(req.get("recursion_limit", 10000)))
+        if req["mode"] == "stdio":
+            _fresh_stdio()
+            _run_stdio_program(req["program"])
+        else:
+            _fresh_stdio()
+            _run_rpc_program(req["program"], req.get("prefix"), req.get("setup"))
+    except BaseException:  # noqa: BLE001
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    os._exit(121)
+
+
+def _reaper(uid):
+    try:
+        signal.set_wakeup_fd(-1)
+        os.closerange(3, 1 << 16)
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        for _ in range(3):
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+    except BaseException:  # noqa: BLE001
+        os._exit(1)
+    os._exit(0)
+
+
+def _orphans(spawned):
+    """Our children that we did not spawn: descendants of a finished program, re-parented to us
+    (the zygote is a child subreaper)."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = {int(x) for x in f.read().split()}
+    except OSError:
+        return set()
+    return kids - set(spawned)
+
+
+def _kill_leftovers(uid, spawned, is_root):
+    """Kill whatever a finished program left behind before reporting its exit."""
+    for _ in range(5):
+        left = _orphans(spawned)
+        if not left:
+            return
+        if is_root and uid is not None:
+            kpid = os.fork()
+            if kpid == 0:
+                _reaper(int(uid))
+            os.waitpid(kpid, 0)
+        else:
+            for p in left:
+                try:
+                    os.killpg(p, signal.SIGKILL)
+                except OSError:
+                    pass
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+        while True:  # collect what died
+            try:
+                p, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if p == 0:
+                break
+            if p in spawned:  # another run's exit: keep it for the caller
+                _PENDING.append((p, _))
+
+
+_PENDING = []
+
+
+def main():
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    try:
+        libc = _libc()
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # Orphans of our children (escaped daemons, fork bombs) are re-parented here and reaped
+        # below instead of lingering as zombies under the machine's init.
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except OSError:
+        pass
+    is_root = os.geteuid() == 0
+    isolated, note = _isolate_network()
+    notes = [note]
+    if is_root and len(sys.argv) > 2:
+        try:
+            notes.append(_expose_interpreter(sys.argv[2]))
+        except OSError as e:
+            notes.append(f"mount setup failed: {e}")
+    for name in _PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    # Move everything loaded so far out of the collector's reach: a child's garbage collections
+    # then never touch (and copy-on-write-fault) the zygote's pages.
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    _send(sock, {"op": "hello", "pid": os.getpid(), "root": is_root, "net_isolated": isolated,
+                 "notes": notes})
+    reapers = {}
+    spawned = {}
+    while True:
+        try:
+            ready, _, _ = select.select([sock, wake_r], [], [])
+        except InterruptedError:
+            ready = []
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
+        while True:
+            if _PENDING:
+                pid, status = _PENDING.pop()
+            else:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+            if pid in reapers:
+                _send(sock, {"op": "reaped", "id": reapers.pop(pid)})
+            elif pid in spawned:
+                uid = spawned.pop(pid)
+                _kill_leftovers(uid, spawned, is_root)
+                _send(sock, {"op": "exit", "pid": pid, "status": status})
+        if sock not in ready:
+            continue
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
+        except OSError:
+            os._exit(0)
+        if not msg:
+            os._exit(0)
+        req = json.loads(msg)
+        if req["op"] == "spawn":
+            pid = os.fork()
+            if pid == 0:
+                _child(req, fds, is_root)
+            spawned[pid] = req.get("uid")
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"op": "spawned", "id": req["id"], "pid": pid})
+        elif req["op"] == "reap":
+            for fd in fds:
+                os.close(fd)
+            if is_root and req.get("uid") is not None:
+                pid = os.fork()
+                if pid == 0:
+                    _reaper(int(req["uid"]))
+                reapers[pid] = req["id"]
+            else:
+                _send(sock, {"op": "reaped", "id": req["id"]})
+        elif req["op"] == "quit":
+            os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

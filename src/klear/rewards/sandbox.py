@@ -1,0 +1,652 @@
+"""Run untrusted, model-written Python programs under confinement.
+
+Every program runs in a child forked from a warm *zygote* interpreter
+(``_sandbox_zygote.py``, started once per :class:`Sandbox`), so a run costs a ``fork`` instead of
+an interpreter start-up. Each child is confined before it reads the program:
+
+=====================  =========================================================================
+own session / group     ``setsid``; the whole group is SIGKILLed when the run ends
+fresh directory         a new ``0700`` temp dir (``Sandbox.workdir``) is its cwd, removed afterwards
+no network              the zygote ``unshare``\\ s a network namespace (root: directly; otherwise
+                        an unprivileged user namespace). If neither works a WARNING is logged
+                        once and :attr:`Sandbox.isolation` says ``network NOT isolated``.
+unprivileged uid        as root: each Sandbox owns a uid from a pool (``SandboxConfig.uid_base +
+                        slot``, slot held by a lock file), the child drops to it (no groups), so
+                        it cannot read ``0600`` files, write outside its dir and world-writable
+                        temp dirs, or signal/ptrace anything else; after every run a reaper
+                        ``kill(-1)``\\ s everything left under that uid (escaped daemons, fork
+                        bombs). Not root: the child keeps the caller's uid (weaker; see below).
+resource limits         ``RLIMIT_CPU`` (then SIGKILL), ``RLIMIT_AS`` (default 2 GiB),
+                        ``RLIMIT_NPROC`` (enforced per uid, so only with the uid pool),
+                        ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core files
+wall clock              per test (``time_limit_s``), enforced by the parent with SIGKILL
+output cap              the parent stops reading and kills the run past ``max_output_bytes``
+scrubbed environment    only ``PATH``, ``LANG``, ``HOME`` (= the work dir) and ``*_NUM_THREADS=1``
+=====================  =========================================================================
+
+bubblewrap / firejail: when ``bwrap`` is on ``PATH`` and we are not root, :attr:`Sandbox.isolation`
+mentions it but the zygote design does not use it (a per-run ``bwrap`` costs an interpreter
+start-up per test); run the trainer under a container or as root for the strongest isolation
+here. **What the non-root fallback does not protect**: the program runs with your uid, so it can
+read and write anything you can (your home directory, the repository), signal your other
+processes, and a fork bomb is only bounded by the wall-clock kill of its process group (children
+that leave the group survive). Treat non-root scoring of adversarial programs as unsafe.
+
+Expected outputs never enter the child: stdin carries only the test input; for call-based and
+assert-style tests the child receives only arguments (see :mod:`klear.rewards.code_reward`), and the
+verdict is always computed in the trusted parent.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import math
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_ZYGOTE = Path(__file__).with_name("_sandbox_zygote.py")
+_WARNED: set[str] = set()
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (zygote died, could not fork, canary program failed): an
+    infrastructure problem, never a verdict on the program being scored."""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits for one program run (all per process unless said otherwise).
+
+    Attributes:
+        time_limit_s: wall-clock seconds per test (stdin test, or one call / assert test).
+        cpu_time_s: ``RLIMIT_CPU`` seconds per process; default ``ceil(time_limit_s) + 1``.
+        program_time_limit_s: wall-clock seconds for all tests of one program together.
+        memory_bytes: ``RLIMIT_AS`` address-space cap (default 2 GiB; the interpreter needs
+            ~100 MiB, numpy ~300 MiB).
+        max_processes: ``RLIMIT_NPROC`` for the sandbox uid (root only; see module docs).
+        max_file_bytes: ``RLIMIT_FSIZE``, largest file the program may write.
+        max_open_files: ``RLIMIT_NOFILE``.
+        max_output_bytes: stdout bytes kept; a run printing more is killed and fails.
+        uid_base: first uid of the pool used as root (``uid_base .. uid_base + uid_slots - 1``).
+        uid_slots: size of that pool (concurrent sandboxes on one machine).
+        recursion_limit: ``sys.setrecursionlimit`` in the child.
+    """
+
+    time_limit_s: float = 6.0
+    cpu_time_s: float | None = None
+    program_time_limit_s: float = 120.0
+    memory_bytes: int = 2 << 30
+    max_processes: int = 16
+    max_file_bytes: int = 64 << 20
+    max_open_files: int = 256
+    max_output_bytes: int = 32 << 20
+    uid_base: int = 61000
+    uid_slots: int = 256
+    recursion_limit: int = 10000
+
+    def __post_init__(self) -> None:
+        for name in ("time_limit_s", "program_time_limit_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"SandboxConfig.{name} must be > 0, got {v!r}")
+        for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "max_output_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"SandboxConfig.{name} must be a positive int, got {v!r}")
+
+    def limits(self) -> dict:
+        cpu = self.cpu_time_s if self.cpu_time_s is not None else math.ceil(self.time_limit_s) + 1
+        return {
+            "cpu_s": max(1, math.ceil(cpu)),
+            "address_space": self.memory_bytes,
+            "file_size": self.max_file_bytes,
+            "open_files": self.max_open_files,
+            "processes": self.max_processes,
+        }
+
+
+@dataclass
+class RunResult:
+    """Outcome of one stdin/stdout run.
+
+    ``status``: ``"ok"`` (exited 0), ``"runtime_error"`` (non-zero exit code), ``"signal"``
+    (killed by a signal, e.g. ``RLIMIT_CPU`` / memory), ``"timeout"`` (wall clock),
+    ``"output_limit"`` (printed more than ``max_output_bytes``).
+    """
+
+    status: str
+    stdout: bytes = b""
+    stderr: bytes = b""
+    exit_code: int | None = None
+    signal: int | None = None
+    wall_s: float = 0.0
+
+
+_ENV_BASE = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+}
+
+
+def _sandbox_root() -> Path:
+    root = Path(tempfile.gettempdir()) / f"klear-sandbox-{os.geteuid()}"
+    root.mkdir(mode=0o711, exist_ok=True)
+    os.chmod(root, 0o711)
+    return root
+
+
+def _remove_stale_dirs(root: Path) -> None:
+    """Remove ``run-pid<N>`` directories of processes that no longer exist."""
+    for e in root.glob("run-pid*"):
+        try:
+            pid = int(e.name[len("run-pid"):])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(e, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+class _UidSlot:
+    """A uid from the pool, held through an ``flock`` on ``<root>/slots/<uid>.lock`` (released
+    automatically if this process dies)."""
+
+    def __init__(self, config: SandboxConfig):
+        slots = _sandbox_root() / "slots"
+        slots.mkdir(mode=0o700, exist_ok=True)
+        start = os.getpid() % config.uid_slots
+        for k in range(config.uid_slots):
+            uid = config.uid_base + (start + k) % config.uid_slots
+            fd = os.open(slots / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self.uid, self.fd = uid, fd
+            return
+        raise SandboxError(f"all {config.uid_slots} sandbox uids are in use (SandboxConfig.uid_slots)")
+
+    def release(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+class _Zygote:
+    def __init__(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = parent
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", str(_ZYGOTE), str(child.fileno()), str(_sandbox_root())],
+            pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        child.close()
+        self.pid_owner = os.getpid()
+        self.exits: dict[int, int] = {}
+        self.replies: dict[str, dict] = {}
+        self._next = 0
+        hello = self._recv(timeout=30.0)
+        if hello is None or hello.get("op") != "hello":
+            raise SandboxError(f"sandbox zygote did not start (got {hello!r})")
+        self.hello = hello
+
+    def _recv(self, timeout: float | None) -> dict | None:
+        if timeout is not None:
+            import select
+
+            r, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+            if not r:
+                return None
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise SandboxError("sandbox zygote exited unexpectedly")
+        return json.loads(data)
+
+    def pump(self, timeout: float | None = 0.0) -> bool:
+        """Read one message (waiting up to *timeout*); file it. Returns whether one arrived."""
+        msg = self._recv(timeout)
+        if msg is None:
+            return False
+        if msg.get("op") == "exit":
+            self.exits[msg["pid"]] = msg["status"]
+        elif "id" in msg:
+            self.replies[msg["id"]] = msg
+        return True
+
+    def request(self, req: dict, fds: list[int] = (), timeout: float = 30.0) -> dict:
+        self._next += 1
+        req = dict(req, id=str(self._next))
+        data = json.dumps(req).encode()
+        if fds:
+            socket.send_fds(self.sock, [data], list(fds))
+        else:
+            self.sock.send(data)
+        deadline = time.monotonic() + timeout
+        while req["id"] not in self.replies:
+            if not self.pump(deadline - time.monotonic()) and time.monotonic() >= deadline:
+                raise SandboxError(f"sandbox zygote did not answer {req['op']!r} within {timeout} s")
+        return self.replies.pop(req["id"])
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Sandbox:
+    """A confined runner for untrusted Python programs (one run at a time; not thread-safe:
+    give each thread or process its own, e.g. with :func:`get_sandbox`).
+
+    Args:
+        config: limits; defaults to :class:`SandboxConfig()`.
+
+    Raises:
+        SandboxError: the zygote could not start.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config or SandboxConfig()
+        self.is_root = os.geteuid() == 0
+        self._slot = _UidSlot(self.config) if self.is_root else None
+        self._zygote: _Zygote | None = None
+        self._workdir: Path | None = None
+        self._ensure()
+        if self.uid is not None:
+            self.reap()  # leftovers from an earlier holder of this uid
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def uid(self) -> int | None:
+        return self._slot.uid if self._slot else None
+
+    @property
+    def isolation(self) -> str:
+        """One line saying how strongly runs are isolated here."""
+        z = self._ensure()
+        parts = [("uid %d (unprivileged)" % self.uid) if self.uid is not None else "caller's uid (NOT separated)"]
+        parts.extend(z.hello.get("notes", []))
+        if not self.is_root and shutil.which("bwrap"):
+            parts.append("bwrap present but unused")
+        return "; ".join(parts)
+
+    def _ensure(self) -> _Zygote:
+        z = self._zygote
+        if z is not None and (z.pid_owner != os.getpid() or z.proc.poll() is not None):
+            if z.pid_owner == os.getpid():
+                z.close()
+            z = None
+        if z is None:
+            z = self._zygote = _Zygote()
+            weak = [n for n in z.hello.get("notes", []) if "NOT" in n]
+            if not self.is_root:
+                weak.append("not root: programs run with the caller's uid (files, processes not separated)")
+            for w in weak:
+                if w not in _WARNED:
+                    _WARNED.add(w)
+                    logger.warning("klear sandbox: weaker isolation: %s", w)
+        return z
+
+    def close(self) -> None:
+        """Stop the zygote and give the uid back."""
+        if self._zygote is not None and self._zygote.pid_owner == os.getpid():
+            if self.uid is not None:
+                try:
+                    self.reap()
+                except (OSError, SandboxError):
+                    pass
+            self._zygote.close()
+        self._zygote = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+        if self._slot is not None:
+            self._slot.release()
+            self._slot = None
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ helpers
+    def workdir(self) -> Path:
+        """An empty private directory for one program (owned by the sandbox uid, mode 0700).
+
+        The directory is this Sandbox's own and is emptied between programs (creating and
+        removing directories costs milliseconds on some disks); :meth:`close` removes it."""
+        d = self._workdir
+        if d is None:
+            # one directory per uid slot (root) or per process: reused, never leaked by dead workers
+            name = f"run-uid{self.uid}" if self.uid is not None else f"run-pid{os.getpid()}"
+            d = self._workdir = _sandbox_root() / name
+            if not self.is_root:
+                _remove_stale_dirs(_sandbox_root())
+        if d.is_symlink() or (d.exists() and not d.is_dir()):
+            d.unlink()
+        d.mkdir(mode=0o700, exist_ok=True)
+        self.remove(d)
+        if self.uid is not None:
+            os.chown(d, self.uid, self.uid)
+        os.chmod(d, 0o700)
+        return d
+
+    def write_file(self, workdir: Path, name: str, text: str) -> Path:
+        """Create *name* in *workdir* (refusing symlinks and existing files) holding *text*."""
+        p = workdir / name
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444 if self.uid is not None else 0o400)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return p
+
+    def remove(self, workdir: Path) -> None:
+        """Empty *workdir* (never following symlinks the program may have left)."""
+        try:
+            entries = list(os.scandir(workdir))
+        except OSError:
+            return
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                else:
+                    os.unlink(e.path)
+            except OSError:
+                pass
+
+    def reap(self) -> None:
+        """Kill every process left under the sandbox uid (root), no-op otherwise."""
+        if self.uid is not None:
+            self._ensure().request({"op": "reap", "uid": self.uid})
+
+    def _env(self, workdir: Path) -> dict:
+        return dict(_ENV_BASE, HOME=str(workdir), TMPDIR=str(workdir))
+
+    def spawn(self, mode: str, workdir: Path, program: Path, fds: list[int], prefix: Path | None = None,
+              setup: Path | None = None) -> int:
+        """Fork a confined child running *program* with *fds* as its descriptors 0.. (parent's copies
+        are not closed here). Returns the child's pid (also its process group id)."""
+        req = {
+            "op": "spawn", "mode": mode, "workdir": str(workdir), "program": str(program),
+            "prefix": str(prefix) if prefix else None, "setup": str(setup) if setup else None,
+            "uid": self.uid, "gid": self.uid, "limits": self.config.limits(), "env": self._env(workdir),
+            "recursion_limit": self.config.recursion_limit,
+        }
+        try:
+            reply = self._ensure().request(req, fds)
+        except (OSError, SandboxError) as e:
+            self._zygote = None
+            raise SandboxError(f"could not start a sandboxed process: {e}") from e
+        return int(reply["pid"])
+
+    def wait_exit(self, pid: int, timeout: float) -> int | None:
+        """Raw wait status of *pid* once the zygote reports it, or None after *timeout* s."""
+        z = self._ensure()
+        deadline = time.monotonic() + timeout
+        while pid not in z.exits:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            z.pump(remaining)
+        return z.exits.pop(pid)
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL the run's process group and wait until the zygote has reaped it (it kills
+        anything the run left behind before it reports the exit)."""
+        _kill_group(pid)
+        self.wait_exit(pid, 5.0)
+
+    # ------------------------------------------------------------------ stdin/stdout runs
+    def run_stdio(self, workdir: Path, program: Path, stdin: bytes, time_limit_s: float | None = None) -> RunResult:
+        """Run *program* as ``__main__`` with *stdin*; collect stdout (capped) and stderr (64 KiB).
+
+        Args:
+            workdir: from :meth:`workdir`; program: a file inside it (see :meth:`write_file`).
+            stdin: bytes fed to standard input, then EOF.
+            time_limit_s: wall clock for this run (default ``config.time_limit_s``).
+
+        Returns:
+            :class:`RunResult`; never raises for anything the program does.
+
+        Raises:
+            SandboxError: the sandbox itself failed.
+        """
+        limit = self.config.time_limit_s if time_limit_s is None else time_limit_s
+        cap = self.config.max_output_bytes
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        t0 = time.monotonic()
+        try:
+            pid = self.spawn("stdio", workdir, program, [in_r, out_w, err_w])
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        z = self._ensure()
+        deadline = t0 + limit
+        out, err = bytearray(), bytearray()
+        pending = memoryview(stdin)
+        sel = selectors.DefaultSelector()
+        os.set_blocking(in_w, False)
+        if pending:
+            sel.register(in_w, selectors.EVENT_WRITE, "in")
+        else:
+            os.close(in_w)
+            in_w = -1
+        sel.register(out_r, selectors.EVENT_READ, "out")
+        sel.register(err_r, selectors.EVENT_READ, "err")
+        sel.register(z.sock, selectors.EVENT_READ, "z")
+        open_streams = 2
+        status: int | None = None
+        verdict: str | None = None
+        exit_seen_at: float | None = None
+        try:
+            while True:
+                if status is None and pid in z.exits:
+                    status = z.exits.pop(pid)
+                    exit_seen_at = time.monotonic()
+                if status is not None and open_streams == 0:
+                    break
+                now = time.monotonic()
+                if now >= deadline:
+                    verdict = "timeout"
+                    break
+                if exit_seen_at is not None and now - exit_seen_at > 0.5:
+                    break  # the program ended but a leftover child holds its pipes open
+                for key, _ in sel.select(min(deadline - now, 0.5)):
+                    tag = key.data
+                    if tag == "z":
+                        z.pump(0.0)
+                    elif tag == "in":
+                        try:
+                            k = os.write(in_w, pending[: 1 << 16])
+                            pending = pending[k:]
+                        except BlockingIOError:
+                            continue
+                        except (BrokenPipeError, OSError):
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(in_w)
+                            os.close(in_w)
+                            in_w = -1
+                    else:
+                        chunk = os.read(key.fd, 1 << 16)
+                        if not chunk:
+                            sel.unregister(key.fd)
+                            open_streams -= 1
+                            continue
+                        if tag == "out":
+                            out += chunk
+                            if len(out) > cap:
+                                verdict = "output_limit"
+                        elif len(err) < 65536:
+                            err += chunk[: 65536 - len(err)]
+                if verdict:
+                    break
+        finally:
+            sel.close()
+            for fd in (in_w, out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
+            if status is None or verdict:
+                _kill_group(pid)
+            if status is None:
+                # the zygote reports the exit only after killing whatever the run left behind
+                status = self.wait_exit(pid, 5.0)
+        wall = time.monotonic() - t0
+        if verdict:
+            return RunResult(verdict, bytes(out[:cap]), bytes(err), wall_s=wall)
+        if status is None:  # pragma: no cover - zygote lost track
+            return RunResult("signal", bytes(out), bytes(err), wall_s=wall)
+        if os.WIFSIGNALED(status):
+            return RunResult("signal", bytes(out), bytes(err), signal=os.WTERMSIG(status), wall_s=wall)
+        code = os.WEXITSTATUS(status)
+        return RunResult("ok" if code == 0 else "runtime_error", bytes(out), bytes(err), exit_code=code, wall_s=wall)
+
+    # ------------------------------------------------------------------ rpc runs
+    def start_rpc(self, workdir: Path, program: Path, prefix: Path | None = None,
+                  setup: Path | None = None) -> RpcChannel:
+        """Start *program* (after the trusted *prefix*, followed by *setup*) in rpc mode: it loads,
+        reports the names it defines, then executes calls sent over a pipe. stdout/stderr go to
+        ``/dev/null``."""
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        null_in = os.open(os.devnull, os.O_RDONLY)
+        null_out = os.open(os.devnull, os.O_WRONLY)
+        try:
+            pid = self.spawn("rpc", workdir, program, [null_in, null_out, null_out, req_r, rep_w], prefix=prefix,
+                             setup=setup)
+        finally:
+            for fd in (req_r, rep_w, null_in, null_out):
+                os.close(fd)
+        return RpcChannel(self, pid, req_w, rep_r)
+
+
+class RpcChannel:
+    """Length-prefixed JSON messages to and from a program started with :meth:`Sandbox.start_rpc`.
+
+    Every receive has a deadline (:attr:`deadline`, ``time.monotonic()`` seconds); past it
+    :class:`TimeoutError` is raised. A dead program raises :class:`EOFError`.
+    """
+
+    MAX_MESSAGE = 64 << 20
+
+    def __init__(self, sandbox: Sandbox, pid: int, wfd: int, rfd: int):
+        self.sandbox, self.pid, self.wfd, self.rfd = sandbox, pid, wfd, rfd
+        self.deadline = time.monotonic() + sandbox.config.time_limit_s
+        self.closed = False
+
+    def send(self, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        data = struct.pack(">I", len(data)) + data
+        try:
+            view = memoryview(data)
+            while view:
+                import select
+
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("time limit exceeded")
+                _, w, _ = select.select([], [self.wfd], [], remaining)
+                if w:
+                    k = os.write(self.wfd, view[: 1 << 16])
+                    view = view[k:]
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise EOFError("program exited") from e
+
+    def _read(self, n: int) -> bytes:
+        import select
+
+        buf = bytearray()
+        while len(buf) < n:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("time limit exceeded")
+            r, _, _ = select.select([self.rfd], [], [], remaining)
+            if not r:
+                continue
+            chunk = os.read(self.rfd, min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("program exited")
+            buf += chunk
+        return bytes(buf)
+
+    def recv(self) -> dict:
+        (n,) = struct.unpack(">I", self._read(4))
+        if n > self.MAX_MESSAGE:
+            raise ValueError(f"reply of {n} bytes exceeds {self.MAX_MESSAGE}")
+        obj = json.loads(self._read(n))
+        if not isinstance(obj, dict):
+            raise ValueError("malformed reply")
+        return obj
+
+    def close(self) -> None:
+        """Kill the program (group and uid) and close the pipes."""
+        if self.closed:
+            return
+        self.closed = True
+        for fd in (self.wfd, self.rfd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _kill_group(self.pid)
+        self.sandbox.wait_exit(self.pid, 5.0)  # reported after leftovers are killed
+
+
+_LOCAL = threading.local()
+
+
+def get_sandbox(config: SandboxConfig | None = None) -> Sandbox:
+    """This thread's (and process's) :class:`Sandbox` for *config*, created on first use."""
+    config = config or SandboxConfig()
+    cache = getattr(_LOCAL, "boxes", None)
+    if cache is None or getattr(_LOCAL, "pid", None) != os.getpid():
+        cache = _LOCAL.boxes = {}
+        _LOCAL.pid = os.getpid()
+    box = cache.get(config)
+    if box is None:
+        box = cache[config] = Sandbox(config)
+    return box

@@ -1,0 +1,270 @@
+"""Adversarial programs against the code sandbox: each case has a bounded run time and the right
+verdict, and afterwards no process of ours is left and nothing outside temp dirs changed."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from klear.rewards.code_reward import parse_ground_truth, run_tests
+from klear.rewards.sandbox import Sandbox, SandboxConfig
+
+IS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="uid separation needs root (see klear.rewards.sandbox docs)")
+
+CFG = SandboxConfig(time_limit_s=1.5, program_time_limit_s=20.0, memory_bytes=1 << 30, max_output_bytes=1 << 20)
+
+
+@pytest.fixture(scope="module")
+def box():
+    b = Sandbox(CFG)
+    yield b
+    b.close()
+
+
+def _our_processes(box: Sandbox) -> list[str]:
+    """Processes (incl. zombies) owned by the sandbox uid pool."""
+    out = []
+    lo, hi = box.config.uid_base, box.config.uid_base + box.config.uid_slots
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{pid}")
+            if lo <= st.st_uid < hi:
+                with open(f"/proc/{pid}/stat") as f:
+                    out.append(f.read()[:80])
+        except OSError:
+            continue
+    return out
+
+
+def stdio(program: str, inputs=("",), outputs=("ok\n",), **kw):
+    gt = {"format": "stdio", "inputs": list(inputs), "outputs": list(outputs), **kw}
+    return program, parse_ground_truth(gt)
+
+
+def verdicts(box, program, tests, **kw):
+    t0 = time.monotonic()
+    statuses, detail = run_tests(program, tests, sandbox=box, **kw)
+    return statuses, time.monotonic() - t0
+
+
+# ----------------------------------------------------------------------------- resource abuse
+
+ADVERSARIAL = {
+    "infinite_loop": ("while True:\n    pass\n", "timeout"),
+    "ignores_sigterm": (
+        "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n", "timeout"),
+    "fork_bomb": (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", None),
+    "memory_bomb": ("x = []\nwhile True:\n    x.append(bytearray(50 << 20))\n", None),
+    "output_flood_1gb": ("import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 65536)\nprint('ok')\n",
+                         "output_limit"),
+    "deep_recursion": ("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)\n", None),
+    "daemon_escapes_group": (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n"
+        "    os._exit(0)\nprint('ok')\n", "pass"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_adversarial_resource_abuse(box, name):
+    program, expected = ADVERSARIAL[name]
+    prog, tests = stdio(program)
+    statuses, wall = verdicts(box, prog, tests)
+    if expected == "pass":  # a correct answer from a program that leaves a daemon behind
+        assert statuses == ["pass"]
+    else:
+        assert statuses[0] != "pass", statuses
+        if expected:
+            assert statuses == [expected]
+    assert wall < CFG.time_limit_s + 8, f"{name} took {wall:.1f} s"
+    if IS_ROOT:
+        time.sleep(0.2)
+        assert _our_processes(box) == []
+
+
+# ---------------------------------------------------------------------------- escape attempts
+
+
+def test_environment_is_scrubbed(box, monkeypatch):
+    monkeypatch.setenv("KLEAR_TEST_SECRET", "s3cr3t-token")
+    prog, tests = stdio("import os\nprint(os.environ.get('KLEAR_TEST_SECRET'))\n", outputs=["s3cr3t-token\n"])
+    assert verdicts(box, prog, tests)[0] == ["wrong_answer"]
+    prog, tests = stdio("import os\nprint(sorted(os.environ))\n",
+                        outputs=[str(sorted(["HOME", "LANG", "LC_ALL", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                                             "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PATH", "PYTHONHASHSEED",
+                                             "TMPDIR", "VECLIB_MAXIMUM_THREADS"])) + "\n"])
+    assert verdicts(box, prog, tests)[0] == ["pass"]
+
+
+@needs_root
+def test_cannot_read_files_outside(box, tmp_path):
+    secret_dir = tmp_path / "private"
+    secret_dir.mkdir(mode=0o700)
+    secret = secret_dir / "answer.txt"
+    secret.write_text("42\n")
+    os.chmod(secret, 0o600)
+    prog, tests = stdio(f"print(open({str(secret)!r}).read().strip())\n", outputs=["42\n"])
+    assert verdicts(box, prog, tests)[0] == ["runtime_error"]
+    # the home of root (where pyenv/conda interpreters often live) is hidden too
+    prog, tests = stdio("import os\nprint(sorted(os.listdir('/root')))\n", outputs=["[]\n"])
+    statuses, _ = verdicts(box, prog, tests)
+    assert statuses in (["runtime_error"], ["pass"], ["wrong_answer"])
+    prog, tests = stdio("print(open('/root/.bash_history').read())\n", outputs=["x\n"])
+    assert verdicts(box, prog, tests)[0] != ["pass"]
+
+
+@needs_root
+def test_cannot_write_or_delete_outside(box, tmp_path):
+    target_dir = tmp_path / "shared"
+    target_dir.mkdir(mode=0o755)
+    keep = target_dir / "keep.txt"
+    keep.write_text("original")
+    program = (
+        "import os\n"
+        f"d = {str(target_dir)!r}\n"
+        "errors = 0\n"
+        "for action in (lambda: open(os.path.join(d, 'pwned.txt'), 'w').write('x'),\n"
+        "               lambda: os.remove(os.path.join(d, 'keep.txt')),\n"
+        "               lambda: open(os.path.join(d, 'keep.txt'), 'w').write('changed'),\n"
+        f"               lambda: open({str(Path.cwd() / 'pwned.txt')!r}, 'w').write('x')):\n"
+        "    try:\n        action()\n    except OSError:\n        errors += 1\n"
+        "print(errors)\n"
+    )
+    prog, tests = stdio(program, outputs=["4\n"])
+    assert verdicts(box, prog, tests)[0] == ["pass"]  # all four attempts were refused
+    assert keep.read_text() == "original"
+    assert sorted(p.name for p in target_dir.iterdir()) == ["keep.txt"]
+    assert not (Path.cwd() / "pwned.txt").exists()
+
+
+def test_no_network(box):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(0.3)
+    port = srv.getsockname()[1]
+    program = (
+        "import socket\n"
+        f"s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+        "print('connected')\n"
+    )
+    prog, tests = stdio(program, outputs=["connected\n"])
+    statuses, _ = verdicts(box, prog, tests)
+    try:
+        conn, _ = srv.accept()
+        conn.close()
+        reached = True
+    except (socket.timeout, TimeoutError):
+        reached = False
+    srv.close()
+    if "NOT isolated" in box.isolation:
+        pytest.skip(f"network isolation unavailable here: {box.isolation}")
+    assert statuses == ["runtime_error"] and not reached
+
+
+def test_early_exit_and_fake_markers_never_pass(box):
+    # stdio: a crash with an empty expected output is a failure, not a pass
+    prog, tests = stdio("import sys\nsys.stdout.flush()\nraise SystemExit(3)\n", outputs=[""])
+    assert verdicts(box, prog, tests)[0] == ["runtime_error"]
+    prog, tests = stdio("import os\nos.kill(os.getpid(), 9)\n", outputs=[""])
+    assert verdicts(box, prog, tests)[0] == ["signal"]
+    # assert-style: exit before the tests / inside the function / fake success output
+    gt = {"format": "assert", "test": "def check(candidate):\n    assert candidate(2) == 4\n", "entry_point": "f"}
+    cases = {
+        "sys_exit_on_load": "import sys\nsys.exit(0)\ndef f(x):\n    return x * x\n",
+        "os_exit_in_call": "import os\ndef f(x):\n    os._exit(0)\n",
+        "print_markers": "print('ALL TESTS PASSED')\nprint('PASSED')\ndef f(x):\n    return 0\n",
+        "override_builtins": (
+            "import builtins\nbuiltins.print = lambda *a, **k: None\nbuiltins.exit = lambda *a: None\n"
+            "builtins.AssertionError = type('AE', (Exception,), {})\n"
+            "def f(x):\n    return 5\n"),
+        "always_equal": (
+            "class Liar:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
+            "def f(x):\n    return Liar()\n"),
+        "int_subclass_liar": (
+            "class L(int):\n    def __eq__(self, other):\n        return True\n"
+            "def f(x):\n    return L(7)\n"),
+        "write_result_fd": (
+            "import os, json, struct\n"
+            "def f(x):\n    d = json.dumps({'ok': True, 'verdict': 'pass', 'passed': 1, 'total': 1}).encode()\n"
+            "    os.write(4, struct.pack('>I', len(d)) + d)\n    os._exit(0)\n"),
+        "rpc_lie_then_crash": (
+            "import os, json, struct\n"
+            "d = json.dumps({'op': 'loaded', 'ok': True, 'names': {'f': 'function'}}).encode()\n"
+            "os.write(4, struct.pack('>I', len(d)) + d)\n"
+            "d = json.dumps({'ok': True, 'value': {'$t': 'obj', 'cls': 'object', 'id': 1, 'v': {}}}).encode()\n"
+            "os.write(4, struct.pack('>I', len(d)) + d)\nos._exit(0)\n"),
+    }
+    tests = parse_ground_truth(gt)
+    for name, program in cases.items():
+        statuses, wall = verdicts(box, program, tests)
+        assert statuses != ["pass"], name
+        assert wall < 8, name
+    # and the honest program passes, so the harness itself works
+    assert verdicts(box, "def f(x):\n    return x * x\n", tests)[0] == ["pass"]
+
+
+def test_cannot_hijack_test_helpers_or_builtins(box):
+    prefix = "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n"
+    gt = {"format": "assert", "prefix": prefix, "entry_point": "find_zero",
+          "test": "def check(candidate):\n    assert abs(poly([-6, 1], candidate([-6, 1]))) < 1e-6\n"}
+    tests = parse_ground_truth(gt)
+    cheat = "def poly(xs, x):\n    return 0\ndef abs(x):\n    return 0\ndef find_zero(xs):\n    return 123.0\n"
+    assert verdicts(box, cheat, tests)[0] == ["wrong_answer"]
+    assert verdicts(box, "def find_zero(xs):\n    return 6.0\n", tests)[0] == ["pass"]
+
+
+def test_cannot_read_the_test_data(box):
+    """Expected outputs never reach the sandbox: a program that dumps everything it can find
+    (its directory, parent dirs, /proc of other processes, stdin) still cannot print them."""
+    expected = "klear-expected-" + os.urandom(8).hex()
+    program = (
+        "import os, sys\n"
+        "found = []\n"
+        "data = sys.stdin.read()\n"
+        "for root in ('.', '..', '/tmp'):\n"
+        "    try:\n        names = os.listdir(root)\n    except OSError:\n        continue\n"
+        "    for n in names:\n"
+        "        try:\n            found.append(open(os.path.join(root, n), errors='replace').read(100000))\n"
+        "        except OSError:\n            pass\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    for part in ('cmdline', 'environ'):\n"
+        "        try:\n            found.append(open(f'/proc/{pid}/{part}', errors='replace').read())\n"
+        "        except OSError:\n            pass\n"
+        "blob = ' '.join(found)\n"
+        "import re\n"
+        "m = re.search(r'klear-expected-[0-9a-f]{16}', blob)\n"
+        "print(m.group(0) if m else 'nothing')\n"
+    )
+    prog, tests = stdio(program, inputs=["hello\n"], outputs=[expected + "\n"])
+    statuses, wall = verdicts(box, prog, tests)
+    assert statuses == ["wrong_answer"]
+
+
+def test_no_stray_processes_and_workdirs_emptied():
+    with Sandbox(CFG) as b:
+        prog, tests = stdio("import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(30)\n"
+                            "open('junk.txt', 'w').write('x')\nos.mkdir('sub')\nos.symlink('/etc/passwd', 'link')\n"
+                            "print('ok')\n")
+        assert verdicts(b, prog, tests)[0] == ["pass"]
+        wd = b._workdir
+        assert wd is not None and list(wd.iterdir()) == []  # emptied after the program
+        assert Path("/etc/passwd").exists()
+        if IS_ROOT:
+            assert _our_processes(b) == []
+    assert not wd.exists()  # close() removes it
+
+
+def test_sandbox_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="time_limit_s"):
+        SandboxConfig(time_limit_s=0)
+    with pytest.raises(ValueError, match="memory_bytes"):
+        SandboxConfig(memory_bytes=-1)
