@@ -3,7 +3,9 @@ verdict, and afterwards no process of ours is left and nothing outside temp dirs
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -20,9 +22,14 @@ needs_root = pytest.mark.skipif(not IS_ROOT, reason="uid separation needs root (
 CFG = SandboxConfig(time_limit_s=1.5, program_time_limit_s=20.0, memory_bytes=1 << 30, max_output_bytes=1 << 20)
 
 
-@pytest.fixture(scope="module")
-def box():
-    b = Sandbox(CFG)
+MODES = ["native"] + (["bwrap"] if shutil.which("bwrap") else [])
+
+
+@pytest.fixture(scope="module", params=MODES)
+def box(request):
+    """A sandbox per isolation mode available here (native always; bubblewrap when installed)."""
+    b = Sandbox(dataclasses.replace(CFG, isolation=request.param))
+    assert ("bubblewrap" in b.isolation) == (request.param == "bwrap")
     yield b
     b.close()
 

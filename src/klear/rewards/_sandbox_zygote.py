@@ -561,7 +561,11 @@ def main():
     except OSError:
         pass
     is_root = os.geteuid() == 0
-    isolated, note = _isolate_network()
+    under_bwrap = len(sys.argv) > 3 and sys.argv[3] == "bwrap"
+    if under_bwrap:  # bwrap already gave us fresh network/pid/ipc namespaces and a read-only root
+        isolated, note = True, "bubblewrap: network, pid and ipc namespaces, read-only file system"
+    else:
+        isolated, note = _isolate_network()
     notes = [note]
     if is_root and len(sys.argv) > 2:
         try:
@@ -640,6 +644,17 @@ def main():
                 reapers[pid] = req["id"]
             else:
                 _send(sock, {"op": "reaped", "id": req["id"]})
+        elif req["op"] == "kill":
+            # pids are ours (they may live in a pid namespace the parent cannot see into)
+            for fd in fds:
+                os.close(fd)
+            pid = int(req["pid"])
+            if pid in spawned:
+                for fn in (os.killpg, os.kill):
+                    try:
+                        fn(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
         elif req["op"] == "quit":
             os._exit(0)
 

@@ -6,31 +6,39 @@ an interpreter start-up. Each child is confined before it reads the program:
 
 =====================  =========================================================================
 own session / group     ``setsid``; the whole group is SIGKILLed when the run ends
-fresh directory         a new ``0700`` temp dir (``Sandbox.workdir``) is its cwd, removed afterwards
+private directory       a ``0700`` dir (``Sandbox.workdir``) is its cwd, emptied after each program
 no network              the zygote ``unshare``\\ s a network namespace (root: directly; otherwise
                         an unprivileged user namespace). If neither works a WARNING is logged
                         once and :attr:`Sandbox.isolation` says ``network NOT isolated``.
 unprivileged uid        as root: each Sandbox owns a uid from a pool (``SandboxConfig.uid_base +
                         slot``, slot held by a lock file), the child drops to it (no groups), so
                         it cannot read ``0600`` files, write outside its dir and world-writable
-                        temp dirs, or signal/ptrace anything else; after every run a reaper
-                        ``kill(-1)``\\ s everything left under that uid (escaped daemons, fork
-                        bombs). Not root: the child keeps the caller's uid (weaker; see below).
+                        temp dirs, or signal/ptrace anything else; when a run ends the zygote
+                        (a child subreaper) kills whatever it left behind (``kill(-1)`` as that
+                        uid: escaped daemons, fork bombs) before reporting the exit. Not root:
+                        the child keeps the caller's uid (weaker; see below).
 resource limits         ``RLIMIT_CPU`` (then SIGKILL), ``RLIMIT_AS`` (default 2 GiB),
-                        ``RLIMIT_NPROC`` (enforced per uid, so only with the uid pool),
+                        ``RLIMIT_NPROC`` (per uid, so set only with the uid pool),
                         ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core files
 wall clock              per test (``time_limit_s``), enforced by the parent with SIGKILL
 output cap              the parent stops reading and kills the run past ``max_output_bytes``
 scrubbed environment    only ``PATH``, ``LANG``, ``HOME`` (= the work dir) and ``*_NUM_THREADS=1``
 =====================  =========================================================================
 
-bubblewrap / firejail: when ``bwrap`` is on ``PATH`` and we are not root, :attr:`Sandbox.isolation`
-mentions it but the zygote design does not use it (a per-run ``bwrap`` costs an interpreter
-start-up per test); run the trainer under a container or as root for the strongest isolation
-here. **What the non-root fallback does not protect**: the program runs with your uid, so it can
-read and write anything you can (your home directory, the repository), signal your other
-processes, and a fork bomb is only bounded by the wall-clock kill of its process group (children
-that leave the group survive). Treat non-root scoring of adversarial programs as unsafe.
+**bubblewrap.** When ``bwrap`` is installed (``SandboxConfig.isolation="auto"``, the default) the
+zygote itself starts inside bubblewrap, so every child also gets: a read-only view of the whole
+file system (only its work dir is writable; ``/tmp``, ``/var/tmp`` and the home directory are
+private and empty apart from the interpreter's own directories), fresh pid/ipc/uts/network
+namespaces (everything dies with the zygote). The per-run cost is unchanged (one ``bwrap`` per
+zygote, not per run). If ``bwrap`` fails to start, a warning is logged and native isolation is used.
+
+**What the non-root fallback does not protect.** Without root the child keeps your uid. With
+bubblewrap it still cannot write anywhere but its work dir or reach the network, but it can read
+every file you can read outside the hidden directories. Without bubblewrap (and without root) it
+can read and write anything you can (your home directory, the repository), signal your other
+processes, and a fork bomb is bounded only by the wall-clock kill (``RLIMIT_NPROC`` counts all your
+processes, so it is not set); a warning is logged once. Run as root (e.g. in a container) for the
+full set of guarantees; install bubblewrap in any case.
 
 Expected outputs never enter the child: stdin carries only the test input; for call-based and
 assert-style tests the child receives only arguments (see :mod:`klear.rewards.code_reward`), and the
@@ -85,6 +93,8 @@ class SandboxConfig:
         uid_base: first uid of the pool used as root (``uid_base .. uid_base + uid_slots - 1``).
         uid_slots: size of that pool (concurrent sandboxes on one machine).
         recursion_limit: ``sys.setrecursionlimit`` in the child.
+        isolation: ``"auto"`` (bubblewrap when ``bwrap`` is installed, else native), ``"bwrap"``
+            (required) or ``"native"``; the ``KLEAR_SANDBOX_ISOLATION`` environment variable wins.
     """
 
     time_limit_s: float = 6.0
@@ -98,12 +108,15 @@ class SandboxConfig:
     uid_base: int = 61000
     uid_slots: int = 256
     recursion_limit: int = 10000
+    isolation: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("time_limit_s", "program_time_limit_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {v!r}")
+        if self.isolation not in ("auto", "bwrap", "native"):
+            raise ValueError(f"SandboxConfig.isolation must be 'auto', 'bwrap' or 'native', got {self.isolation!r}")
         for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "max_output_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
@@ -199,24 +212,87 @@ class _UidSlot:
             pass
 
 
+def _bwrap_command(root: Path) -> list[str]:
+    """bubblewrap prefix for the zygote: new pid/net/ipc/uts namespaces, the whole file system
+    read-only, private ``/tmp`` and ``/var/tmp``, only the sandbox root writable, the home directory
+    hidden except for the interpreter's own directories; everything dies with the caller."""
+    cmd = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session"]
+    if os.geteuid() == 0:
+        # no user namespace: the zygote stays real root so it can drop children to the uid pool
+        cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    else:
+        cmd += ["--unshare-all"]
+    cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+    hidden = ["/tmp", "/var/tmp"]
+    home = os.path.realpath(os.path.expanduser("~"))
+    if home not in ("/", "") and os.path.isdir(home):
+        cmd += ["--tmpfs", home]
+        hidden.append(home)
+    # the interpreter, its import path and this package stay visible (read-only) even when they
+    # live under a hidden directory (a venv in the home directory, an editable install, ...)
+    needed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path, str(_ZYGOTE.parent))
+              if p and os.path.isdir(p)}
+    for p in sorted(needed):
+        if any(p == h or p.startswith(h + "/") for h in hidden) and os.path.realpath(str(root)) != p:
+            cmd += ["--ro-bind", p, p]
+    cmd += ["--bind", str(root), str(root)]
+    return cmd
+
+
+def _isolation_mode(config: SandboxConfig) -> str:
+    mode = os.environ.get("KLEAR_SANDBOX_ISOLATION") or config.isolation
+    if mode not in ("auto", "bwrap", "native"):
+        raise ValueError(f"sandbox isolation must be 'auto', 'bwrap' or 'native', got {mode!r}")
+    if mode == "auto":
+        return "bwrap" if shutil.which("bwrap") else "native"
+    if mode == "bwrap" and not shutil.which("bwrap"):
+        raise SandboxError("isolation='bwrap' but bubblewrap (bwrap) is not installed")
+    return mode
+
+
 class _Zygote:
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "native") -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = parent
+        root = _sandbox_root()
+        cmd = [sys.executable, "-I", "-B", str(_ZYGOTE), str(child.fileno()), str(root), mode]
+        if mode == "bwrap":
+            cmd = _bwrap_command(root) + cmd
+        self.mode = mode
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(_ZYGOTE), str(child.fileno()), str(_sandbox_root())],
-            pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            close_fds=True,
+            cmd, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE if mode == "bwrap" else None, close_fds=True,
         )
         child.close()
         self.pid_owner = os.getpid()
         self.exits: dict[int, int] = {}
         self.replies: dict[str, dict] = {}
         self._next = 0
-        hello = self._recv(timeout=30.0)
+        try:
+            hello = self._recv(timeout=30.0)
+        except SandboxError:
+            hello = None
         if hello is None or hello.get("op") != "hello":
-            raise SandboxError(f"sandbox zygote did not start (got {hello!r})")
+            err = b""
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.proc.stderr is not None and self.proc.poll() is not None:
+                err = self.proc.stderr.read()[-500:]
+            self.close()
+            raise SandboxError(f"sandbox zygote ({mode}) did not start: {err.decode(errors='replace').strip()!r}")
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()  # bwrap is quiet once the zygote runs
+            self.proc.stderr = None
         self.hello = hello
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL the process group of a run (the zygote does it: the pid may be namespaced)."""
+        try:
+            self.sock.send(json.dumps({"op": "kill", "pid": pid}).encode())
+        except OSError:
+            pass
 
     def _recv(self, timeout: float | None) -> dict | None:
         if timeout is not None:
@@ -268,13 +344,6 @@ class _Zygote:
             pass
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 class Sandbox:
     """A confined runner for untrusted Python programs (one run at a time; not thread-safe:
     give each thread or process its own, e.g. with :func:`get_sandbox`).
@@ -307,8 +376,6 @@ class Sandbox:
         z = self._ensure()
         parts = [("uid %d (unprivileged)" % self.uid) if self.uid is not None else "caller's uid (NOT separated)"]
         parts.extend(z.hello.get("notes", []))
-        if not self.is_root and shutil.which("bwrap"):
-            parts.append("bwrap present but unused")
         return "; ".join(parts)
 
     def _ensure(self) -> _Zygote:
@@ -318,10 +385,23 @@ class Sandbox:
                 z.close()
             z = None
         if z is None:
-            z = self._zygote = _Zygote()
+            mode = _isolation_mode(self.config)
+            try:
+                z = _Zygote(mode)
+            except SandboxError as e:
+                if mode != "bwrap" or self.config.isolation == "bwrap":
+                    raise
+                key = f"bwrap failed: {e}"
+                if key not in _WARNED:
+                    _WARNED.add(key)
+                    logger.warning("klear sandbox: bubblewrap is installed but failed (%s); using native isolation", e)
+                z = _Zygote("native")
+            self._zygote = z
             weak = [n for n in z.hello.get("notes", []) if "NOT" in n]
             if not self.is_root:
-                weak.append("not root: programs run with the caller's uid (files, processes not separated)")
+                weak.append("not root: programs run with the caller's uid" + (
+                    " (bubblewrap: read-only file system, but readable files are readable)" if z.mode == "bwrap"
+                    else " (files and processes not separated; install bubblewrap)"))
             for w in weak:
                 if w not in _WARNED:
                     _WARNED.add(w)
@@ -401,6 +481,12 @@ class Sandbox:
         if self.uid is not None:
             self._ensure().request({"op": "reap", "uid": self.uid})
 
+    def _limits(self) -> dict:
+        limits = self.config.limits()
+        if self.uid is None:  # RLIMIT_NPROC counts every process of the caller's uid: not a per-run cap
+            limits.pop("processes")
+        return limits
+
     def _env(self, workdir: Path) -> dict:
         return dict(_ENV_BASE, HOME=str(workdir), TMPDIR=str(workdir))
 
@@ -411,7 +497,7 @@ class Sandbox:
         req = {
             "op": "spawn", "mode": mode, "workdir": str(workdir), "program": str(program),
             "prefix": str(prefix) if prefix else None, "setup": str(setup) if setup else None,
-            "uid": self.uid, "gid": self.uid, "limits": self.config.limits(), "env": self._env(workdir),
+            "uid": self.uid, "gid": self.uid, "limits": self._limits(), "env": self._env(workdir),
             "recursion_limit": self.config.recursion_limit,
         }
         try:
@@ -435,7 +521,7 @@ class Sandbox:
     def kill(self, pid: int) -> None:
         """SIGKILL the run's process group and wait until the zygote has reaped it (it kills
         anything the run left behind before it reports the exit)."""
-        _kill_group(pid)
+        self._ensure().kill(pid)
         self.wait_exit(pid, 5.0)
 
     # ------------------------------------------------------------------ stdin/stdout runs
@@ -531,7 +617,7 @@ class Sandbox:
                 if fd >= 0:
                     os.close(fd)
             if status is None or verdict:
-                _kill_group(pid)
+                z.kill(pid)
             if status is None:
                 # the zygote reports the exit only after killing whatever the run left behind
                 status = self.wait_exit(pid, 5.0)
@@ -632,7 +718,7 @@ class RpcChannel:
                 os.close(fd)
             except OSError:
                 pass
-        _kill_group(self.pid)
+        self.sandbox._ensure().kill(self.pid)
         self.sandbox.wait_exit(self.pid, 5.0)  # reported after leftovers are killed
 
 
