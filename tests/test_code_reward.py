@@ -74,6 +74,8 @@ def test_extract_untagged_only_without_python_tag_and_think_rules():
     ("0.334\n", "0.333333\n", False),
     ("1e-7\n", "0.0000000\n", True),
     ("10\n", "10.0\n", True),
+    ("10.0\n", "10\n", False),                      # an integer answer must be printed as one
+    ("1000000000.0", "1000000007", False),
     ("11\n", "10\n", False),
     ("YES\n", "yes\n", False),
     ("1 2\n", "1 2 3\n", False),
@@ -101,7 +103,9 @@ def test_values_match():
     assert values_match(0.1 + 0.2, 0.3)
     assert not values_match(True, 1) and not values_match(1, True)
     assert not values_match("1", 1)
-    assert values_match({"a": [1.0]}, {"a": [1]})
+    assert values_match({"a": [1]}, {"a": [1.0]})          # an int may answer a float
+    assert not values_match({"a": [1.0]}, {"a": [1]})      # ...but an integer answer is exact
+    assert not values_match(1e9, 1000000007) and not values_match(999999000.0, 999999937)
     assert not values_match(None, [])
 
 
@@ -132,6 +136,12 @@ def test_parse_ground_truth_layouts():
     ({"format": "sql"}, "format must be"),
     ({"foo": 1}, "no known fields"),
     ({"inputs": ["1"], "outputs": ["1"], "float_tol": -1}, "float_tol"),
+    ({"inputs": ["1"], "outputs": ["1"], "float_tol": float("inf")}, "float_tol"),
+    ({"inputs": ["1"], "outputs": ["1"], "time_limit_s": float("nan")}, "time_limit_s"),
+    ({"format": "assert", "tests": ["assert f(1) == 1", "  "]}, r"tests\[1\] is empty"),
+    ({"format": "assert", "test": "assert f(1)", "entry_point": "f"}, "must define check"),
+    ({"format": "assert", "test": "def check(c): pass", "entry_point": "None"}, "entry_point"),
+    ({"format": "call", "fn_name": "class", "inputs": [[1]], "outputs": [1]}, "fn_name"),
 ])
 def test_parse_ground_truth_errors_name_the_field(gt, match):
     with pytest.raises(ValueError, match=match):
@@ -304,3 +314,40 @@ def test_mbpp_and_leetcode_reference_solutions_pass():
     res = code_score_batch_detailed(["```python\n" + x["solutions"] + "\n```" for x in lc],
                                     [leetcode_ground_truth(x["tests"]["functional"]) for x in lc])
     assert sum(r.reward == 1.0 for r in res) == len(lc)
+
+
+def test_extraction_is_linear_on_degenerate_responses():
+    import time
+
+    t0 = time.perf_counter()
+    assert extract_code("```python\n" * 20000) is None
+    assert extract_code("````x\n" * 20000) is None
+    assert extract_code("```python\nprint(1)\n" + "```\n" * 20000) == "print(1)\n"
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_tests_keep_real_builtins_and_modules_unless_listed(box):
+    cheat_set = "def similar_elements(a, b):\n    return 'garbage'\ndef set(*a):\n    return 0\n"
+    gt = {"format": "assert", "tests": ["assert set(similar_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))"]}
+    assert run_tests(cheat_set, parse_ground_truth(gt), sandbox=box)[0] == ["wrong_answer"]
+    honest = "def similar_elements(a, b):\n    return tuple(set(a) & set(b))\n"
+    assert run_tests(honest, parse_ground_truth(gt), sandbox=box)[0] == ["pass"]
+    cheat_abs = "def area(r):\n    return -1.0\ndef abs(x):\n    return 0\n"
+    gt = {"format": "assert", "tests": ["assert abs(area(2) - 12.566370614359172) < 1e-6"]}
+    assert run_tests(cheat_abs, parse_ground_truth(gt), sandbox=box)[0] == ["wrong_answer"]
+    # MBPP task 126 defines `sum` itself: allowed only because the ground truth lists it
+    task = {"task_id": 126, "code": "def sum(a,b):\r\n    return 6", "test_list": ["assert sum(10,15) == 6"],
+            "test_imports": ["import math"]}
+    gt = mbpp_ground_truth(task)
+    assert gt["functions"] == ["sum"] and gt["prefix"] == "import math"
+    assert run_tests("def sum(a, b):\n    return 6\n", parse_ground_truth(gt), sandbox=box)[0] == ["pass"]
+    # a fake `math` from the program never replaces the prefix's import
+    gt = {"format": "assert", "prefix": "import math", "tests": ["assert math.isclose(vol(1), 3.14159, rel_tol=1e-3)"]}
+    fake = "class math:\n    isclose = staticmethod(lambda *a, **k: True)\ndef vol(r):\n    return 0\n"
+    assert run_tests(fake, parse_ground_truth(gt), sandbox=box)[0] == ["wrong_answer"]
+
+
+def test_stop_iteration_from_the_program_is_a_failure(box):
+    gt = {"format": "assert", "tests": ["assert all(map(lambda x: f(x) == 2 * x, [1, 2, 3]))"]}
+    prog = "def f(x):\n    raise StopIteration\n"
+    assert run_tests(prog, parse_ground_truth(gt), sandbox=box)[0] == ["runtime_error"]

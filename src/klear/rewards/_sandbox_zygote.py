@@ -399,9 +399,12 @@ def _run_rpc_program(path, prefix_path, setup_path=None):
         with open(path, encoding="utf-8") as f:
             src = f.read()
         exec(compile(src, "solution.py", "exec"), ns)  # noqa: S102
+        setup_names = []
         if setup_path:
+            before = {k: id(v) for k, v in ns.items()}
             with open(setup_path, encoding="utf-8") as f:
                 exec(compile(f.read(), "setup.py", "exec"), ns)  # noqa: S102
+            setup_names = [k for k, v in ns.items() if before.get(k) != id(v)]
     except SystemExit as e:
         _rpc_send(wfd, {"op": "loaded", "ok": False, "error": f"SystemExit({e.code!r}) while loading"})
         _flush_and_exit(1)
@@ -418,7 +421,7 @@ def _run_rpc_program(path, prefix_path, setup_path=None):
             names[k] = "function"
         elif type(v).__name__ != "module":
             names[k] = "value"
-    _rpc_send(wfd, {"op": "loaded", "ok": True, "names": names})
+    _rpc_send(wfd, {"op": "loaded", "ok": True, "names": names, "setup_names": setup_names})
     codec = _Codec(ns, value_classes)
     while True:
         try:

@@ -41,8 +41,12 @@ containing ``"longcot"``, as for math) a response without a closed think block s
   ``test`` is one test, ``tests`` a list of separately counted tests. With ``entry_point`` the
   judge calls ``check(<entry_point>)`` after running the test code. ``setup`` (MBPP's
   ``test_setup_code``) runs inside the sandbox right after the program, so it may use the
-  program's classes; the tests see its globals. Also accepted: ``{"functional": "..."}`` (rllm
-  LeetCode; use :func:`leetcode_ground_truth` for the preamble).
+  program's classes; the tests see the globals it creates. Because it runs next to the program,
+  put no checking logic in ``setup`` (the program could subvert it); checking belongs in the
+  tests or the ``prefix``. The tests see the program's functions and classes as proxies, except
+  names the prefix defines and names that shadow builtins; ``"functions": ["sum", ...]`` lists
+  names the tests call that may shadow builtins (MBPP task 126 defines ``sum``). Also accepted:
+  ``{"functional": "..."}`` (rllm LeetCode; use :func:`leetcode_ground_truth` for the preamble).
 
 **Who decides the verdict.** The program runs in the sandbox (:mod:`klear.rewards.sandbox`) and
 never sees expected values: stdin carries only the input, and for ``call``/``assert`` the program
@@ -63,7 +67,10 @@ live with).
 from __future__ import annotations
 
 import builtins
+import collections
+import itertools
 import json
+import keyword
 import logging
 import math
 import re
@@ -76,7 +83,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from klear.rewards._timeout import TaskOutcome, TimedProcessPool
+from klear.rewards._timeout import TaskOutcome, TimedProcessPool, limit_worker_memory
 from klear.rewards.sandbox import RpcChannel, Sandbox, SandboxConfig, SandboxError, get_sandbox
 
 logger = logging.getLogger(__name__)
@@ -89,8 +96,27 @@ POOL_GRACE_S = 30.0
 
 # ------------------------------------------------------------------------------ extraction
 
-_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*\n(.*?)^[ \t]*\1[ \t]*$", re.M | re.S)
+_OPEN_FENCE = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)")
 _PY_TAGS = {"python", "py", "python3", "py3"}
+
+
+def _fenced_blocks(text: str):
+    """Yield ``(tag, content)`` for each closed fenced block, in order; one linear pass over the
+    lines (a closing fence is a line of only the fence character, at least as long as the opening)."""
+    marker = tag = None
+    buf: list[str] = []
+    for line in text.split("\n"):
+        if marker is None:
+            m = _OPEN_FENCE.match(line)
+            if m:
+                marker, tag, buf = m.group(1), m.group(2).lower(), []
+            continue
+        stripped = line.strip()
+        if len(stripped) >= len(marker) and stripped == marker[0] * len(stripped):
+            yield tag, ("\n".join(buf) + "\n") if buf else ""
+            marker = None
+        else:
+            buf.append(line)
 
 
 def extract_code(solution_str: str, *, require_think: bool = False) -> str | None:
@@ -111,12 +137,11 @@ def extract_code(solution_str: str, *, require_think: bool = False) -> str | Non
     elif require_think or "<think>" in solution_str:
         return None
     tagged, untagged = None, None
-    for m in _FENCE.finditer(solution_str):
-        tag = m.group(2).lower()
+    for tag, content in _fenced_blocks(solution_str):
         if tag in _PY_TAGS:
-            tagged = m.group(3)
+            tagged = content
         elif tag == "":
-            untagged = m.group(3)
+            untagged = content
     code = tagged if tagged is not None else untagged
     if code is None or not code.strip():
         return None
@@ -136,6 +161,7 @@ class CodeTests:
     tests: tuple = ()
     fn_name: str | None = None
     entry_point: str | None = None
+    functions: tuple | None = None
     prefix: str = ""
     setup: str = ""
     float_tol: float = DEFAULT_FLOAT_TOL
@@ -157,6 +183,10 @@ def _as_str_list(v: Any, what: str) -> tuple[str, ...]:
             raise ValueError(f"ground_truth.{what}[{i}] must be a string, got {type(x).__name__}")
         out.append(x)
     return tuple(out)
+
+
+def _is_name(x: Any) -> bool:
+    return isinstance(x, str) and x.isidentifier() and not keyword.iskeyword(x) and x not in ("None", "True", "False")
 
 
 def parse_ground_truth(ground_truth: Any, extra_info: dict | None = None) -> CodeTests:
@@ -191,11 +221,11 @@ def parse_ground_truth(ground_truth: Any, extra_info: dict | None = None) -> Cod
         else:
             raise ValueError(f"code ground_truth has no 'format' and no known fields (keys: {sorted(gt)})")
     tol = gt.get("float_tol", DEFAULT_FLOAT_TOL)
-    if not isinstance(tol, (int, float)) or isinstance(tol, bool) or tol < 0:
-        raise ValueError(f"ground_truth.float_tol must be a number >= 0, got {tol!r}")
+    if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not (0 <= tol < 1):
+        raise ValueError(f"ground_truth.float_tol must be a number in [0, 1), got {tol!r}")
     tl = gt.get("time_limit_s", (extra_info or {}).get("time_limit_s") if isinstance(extra_info, dict) else None)
-    if tl is not None and (not isinstance(tl, (int, float)) or isinstance(tl, bool) or tl <= 0):
-        raise ValueError(f"ground_truth.time_limit_s must be a number > 0, got {tl!r}")
+    if tl is not None and (not isinstance(tl, (int, float)) or isinstance(tl, bool) or not (0 < tl <= 3600)):
+        raise ValueError(f"ground_truth.time_limit_s must be a number in (0, 3600], got {tl!r}")
     prefix = gt.get("prefix", "") or ""
     if not isinstance(prefix, str):
         raise ValueError("ground_truth.prefix must be a string")
@@ -213,7 +243,7 @@ def parse_ground_truth(ground_truth: Any, extra_info: dict | None = None) -> Cod
         return CodeTests("stdio", inputs=inputs, outputs=outputs, **common)
     if fmt == "call":
         fn = gt.get("fn_name")
-        if not isinstance(fn, str) or not fn.isidentifier():
+        if not _is_name(fn):
             raise ValueError(f"ground_truth.fn_name must be a function name, got {fn!r}")
         inputs, outputs = gt.get("inputs"), gt.get("outputs")
         if not isinstance(inputs, list) or not isinstance(outputs, list):
@@ -236,14 +266,26 @@ def parse_ground_truth(ground_truth: Any, extra_info: dict | None = None) -> Cod
             tests = (t,)
         if not tests:
             raise ValueError("ground_truth has no tests")
+        for i, t in enumerate(tests):
+            if not t.strip():
+                raise ValueError(f"ground_truth.tests[{i}] is empty (an empty test would pass any program)")
         ep = gt.get("entry_point")
-        if ep is not None and (not isinstance(ep, str) or not ep.isidentifier()):
+        if ep is not None and not _is_name(ep):
             raise ValueError(f"ground_truth.entry_point must be a function name, got {ep!r}")
-        return CodeTests("assert", tests=tests, entry_point=ep, **common)
+        if ep is not None and not all(re.search(r"^\s*def\s+check\s*\(", t, re.M) for t in tests):
+            raise ValueError("ground_truth.entry_point is set, so every test must define check(candidate)")
+        functions = gt.get("functions")
+        if functions is not None and (not isinstance(functions, list) or not all(_is_name(f) for f in functions)):
+            raise ValueError(f"ground_truth.functions must be a list of function names, got {functions!r}")
+        return CodeTests("assert", tests=tests, entry_point=ep,
+                         functions=tuple(functions) if functions is not None else None, **common)
     raise ValueError(f"ground_truth.format must be 'stdio', 'call' or 'assert', got {fmt!r}")
 
 
 # ---------------------------------------------------------------------------- comparison
+
+
+_TOKEN = re.compile(r"\S+")
 
 
 def _float_token(tok: str) -> float | None:
@@ -266,20 +308,23 @@ def _close(a: float, b: float, tol: float) -> bool:
 def outputs_match(actual: str | bytes, expected: str, float_tol: float = DEFAULT_FLOAT_TOL) -> bool:
     """Token-wise comparison of a program's stdout with the expected output.
 
-    Whitespace (trailing spaces, blank lines, ``\\r``) never matters. Tokens equal as text match;
-    otherwise both must parse as finite floats, at least one must not be an integer literal, and
-    ``|a - b| <= float_tol * max(1, |b|)``. Integer tokens compare as text, so 5000-digit integers
-    are fine and two different huge integers never look equal through float rounding.
+    Whitespace (trailing spaces, blank lines, ``\\r``) never matters. Tokens equal as text match.
+    An expected integer token must be matched exactly (as text: 5000-digit integers are fine, and
+    ``1000000000.0`` never passes for ``1000000007``). Otherwise, when the expected token is a
+    non-integer number, both must parse as finite floats with ``|a - b| <= float_tol * max(1, |b|)``.
     """
     if isinstance(actual, bytes):
         actual = actual.decode("utf-8", errors="replace")
-    a, e = actual.split(), expected.split()
-    if len(a) != len(e):
-        return False
-    for x, y in zip(a, e):
+    # token streams (no list of millions of tokens for a 30 MB output)
+    a = (m.group(0) for m in _TOKEN.finditer(actual))
+    e = (m.group(0) for m in _TOKEN.finditer(expected))
+    missing = object()
+    for x, y in itertools.zip_longest(a, e, fillvalue=missing):
+        if x is missing or y is missing:
+            return False
         if x == y:
             continue
-        if _is_int_token(x) and _is_int_token(y):
+        if _is_int_token(y):  # an integer answer must be printed exactly (1e9 is not 1000000007)
             return False
         fx, fy = _float_token(x), _float_token(y)
         if fx is None or fy is None or not _close(fx, fy, float_tol):
@@ -288,17 +333,18 @@ def outputs_match(actual: str | bytes, expected: str, float_tol: float = DEFAULT
 
 
 def values_match(actual: Any, expected: Any, float_tol: float = DEFAULT_FLOAT_TOL) -> bool:
-    """Equality for call-based results: tuples compare as lists, floats within ``float_tol``
-    (bools are never numbers here). *actual* must already be plain data (decoded)."""
+    """Equality for call-based results: tuples compare as lists, an expected float is matched within
+    ``float_tol`` by an int or float, an expected int only by the same int (bools are never
+    numbers here). *actual* must already be plain data (decoded)."""
     if isinstance(actual, tuple):
         actual = list(actual)
     if isinstance(expected, tuple):
         expected = list(expected)
     if isinstance(actual, bool) or isinstance(expected, bool):
         return type(actual) is type(expected) and actual == expected
-    if isinstance(actual, (int, float)) and isinstance(expected, (int, float)):
-        if isinstance(actual, int) and isinstance(expected, int):
-            return actual == expected
+    if isinstance(expected, int):  # integer answers are exact (a float 1e9 is not 1000000007)
+        return isinstance(actual, int) and actual == expected
+    if isinstance(actual, (int, float)) and isinstance(expected, float):
         return math.isfinite(actual) and math.isfinite(expected) and _close(float(actual), float(expected), float_tol)
     if isinstance(actual, list) and isinstance(expected, list):
         return len(actual) == len(expected) and all(values_match(x, y, float_tol) for x, y in zip(actual, expected))
@@ -316,7 +362,8 @@ class RemoteError(Exception):
 
 _BUILTIN_EXC = {
     name: obj for name, obj in vars(builtins).items()
-    if isinstance(obj, type) and issubclass(obj, Exception) and obj is not AssertionError
+    if isinstance(obj, type) and issubclass(obj, Exception)
+    and obj not in (AssertionError, StopIteration, StopAsyncIteration)
 }
 
 
@@ -411,8 +458,32 @@ class _Codec:
             return {"$t": "obj", "cls": t.__name__, "id": memo[id(x)], "v": {k: enc(v) for k, v in vars(x).items()}}
         raise TypeError(f"cannot pass a {t.__name__} to the sandboxed program")
 
+    #: Most values (containers and items) one reply may decode to, and the longest range.
+    MAX_ITEMS = 2_000_000
+    MAX_RANGE = 1_000_000
+
+    def decode_reply(self, x: Any) -> Any:
+        """Decode one reply from the program within :attr:`MAX_ITEMS` (raises ``ValueError`` past it,
+        and for ranges longer than :attr:`MAX_RANGE` or sets/dicts built from hash-colliding keys,
+        so a 40-byte reply cannot make this trusted process do unbounded work)."""
+        self._budget = self.MAX_ITEMS
+        try:
+            return self.decode(x)
+        except RecursionError:
+            raise ValueError("value nested too deeply") from None
+
+    @staticmethod
+    def _no_collisions(items: list) -> None:
+        if len(items) > 512:
+            counts = collections.Counter(hash(k) for k in items)
+            if counts.most_common(1)[0][1] > 64:
+                raise ValueError("set/dict keys with colliding hashes")
+
     def decode(self, x: Any, memo: dict | None = None) -> Any:
         memo = {} if memo is None else memo
+        self._budget = getattr(self, "_budget", self.MAX_ITEMS) - 1
+        if self._budget < 0:
+            raise ValueError("reply too large")
         if x is None or type(x) in (bool, int, float, str):
             return x
         if type(x) is list:
@@ -427,20 +498,26 @@ class _Codec:
             return float(v)
         if t in ("tuple", "set", "frozenset", "iter") and type(v) is list:
             items = [dec(y) for y in v]
+            if t in ("set", "frozenset"):
+                self._no_collisions(items)
             return {"tuple": tuple, "set": set, "frozenset": frozenset, "iter": iter}[t](items)
         if t == "dict" and type(v) is list:
-            out = {}
+            pairs = []
             for pair in v:
                 if type(pair) is not list or len(pair) != 2:
                     raise ValueError("malformed dict")
-                out[dec(pair[0])] = dec(pair[1])
-            return out
+                pairs.append((dec(pair[0]), dec(pair[1])))
+            self._no_collisions([k for k, _ in pairs])
+            return dict(pairs)
         if t == "bytes" and isinstance(v, str):
             return bytes.fromhex(v)
         if t == "complex" and type(v) is list and len(v) == 2:
             return complex(float(v[0]), float(v[1]))
         if t == "range" and type(v) is list and len(v) == 3 and all(type(i) is int for i in v):
-            return range(*v)
+            r = range(*v)
+            if len(r) > self.MAX_RANGE:
+                raise ValueError(f"range of {len(r)} items")
+            return r
         if t in ("fractions", "decimal") and isinstance(v, str):
             import decimal
             import fractions
@@ -481,6 +558,8 @@ class _Session:
             raise RemoteError(str(msg.get("error", "load error"))[:500])
         names = msg.get("names")
         self.names = {k: v for k, v in names.items() if isinstance(k, str) and k.isidentifier()} if isinstance(names, dict) else {}
+        setup = msg.get("setup_names")
+        self.setup_names = {k for k in setup if isinstance(k, str)} if isinstance(setup, list) else set()
 
     def call(self, target: dict, attr: str | None, args: tuple, kwargs: dict) -> Any:
         if not self.alive:
@@ -494,7 +573,7 @@ class _Session:
             self.close()
             raise
         if reply.get("ok") is True:
-            return self.codec.decode(reply.get("value"))
+            return self.codec.decode_reply(reply.get("value"))
         err = str(reply.get("error", "error"))[:2000]
         name = err.split(":", 1)[0]
         exc = _BUILTIN_EXC.get(name)
@@ -591,7 +670,7 @@ def _run_stdio_tests(box: Sandbox, wd: Path, prog: Path, tests: CodeTests, limit
         if remaining <= 0 or (stop_first and statuses and statuses[-1] != "pass"):
             statuses.append("not_run")
             continue
-        r = box.run_stdio(wd, prog, inp.encode("utf-8"), time_limit_s=min(limit, remaining))
+        r = box.run_stdio(wd, prog, inp.encode("utf-8", "surrogatepass"), time_limit_s=min(limit, remaining))
         if r.status != "ok":
             statuses.append(r.status)
             detail = detail or r.stderr.decode("utf-8", "replace")[-500:]
@@ -636,7 +715,7 @@ def _run_rpc_tests(box: Sandbox, wd: Path, prog: Path, tests: CodeTests, limit: 
                 except RemoteError as e:
                     # The program does not load: no test can pass.
                     return statuses + ["load_error"] * (n - len(statuses)), str(e)[:500]
-                except (TimeoutError, EOFError, ValueError) as e:
+                except (TimeoutError, EOFError, ValueError, RecursionError) as e:
                     statuses.append("timeout" if isinstance(e, TimeoutError) else "runtime_error")
                     detail = detail or f"{type(e).__name__}: {e}"
                     continue
@@ -679,22 +758,26 @@ def _one_rpc_test(session: _Session, tests: CodeTests, i: int, base_ns: dict) ->
         result = func(*tests.inputs[i])
         return values_match(result, tests.outputs[i], tests.float_tol)
     # assert-style: trusted test code, proxies for what the program defines
-    # Proxy only what the program adds, never a name the trusted prefix defines (a test helper such
-    # as HumanEval's ``poly``). A builtin name (``abs``, ``sum``) is proxied only when it is the
-    # function under test: the entry point, or (without one) the first call of an ``assert``; so
-    # ``assert abs(f(x) - y) < 1e-6`` keeps the real ``abs``. With an entry point, ``check``
-    # always comes from the test.
+    # Which of the program's names the (trusted) test code sees, as proxies:
+    # - the entry point, and the ``functions`` the ground truth lists when the program defines them
+    #   (these may shadow builtins, e.g. MBPP's ``def sum(a, b)``);
+    # - without a ``functions`` list: any other function/class the program defines, unless the
+    #   trusted prefix defines that name (a test helper such as HumanEval's ``poly``) or it shadows a
+    #   builtin (``abs``, ``set``: ``assert abs(f(x) - y) < 1e-6`` must keep the real ``abs``);
+    # - values only when the ground truth's ``setup`` code made them (MBPP's ``root = Node(1)``).
+    # With an entry point, ``check`` always comes from the test.
     code = tests.tests[i]
     ns = dict(base_ns)
-    for name in names:
-        if name == tests.entry_point:
+    listed = set(tests.functions) if tests.functions is not None else None
+    for name, kind in names.items():
+        if name == tests.entry_point or (listed is not None and name in listed):
             ns[name] = session.proxy(name)
-        elif name in base_ns or (tests.entry_point and name == "check"):
+        elif name in base_ns or name in _BUILTIN_NAMES or (tests.entry_point and name == "check"):
             continue
-        elif name in _BUILTIN_NAMES and not (
-                not tests.entry_point and re.search(rf"^\s*assert\s+(?:not\s+)?\(?\s*{re.escape(name)}\s*\(", code, re.M)):
-            continue
-        else:
+        elif kind == "value":
+            if name in session.setup_names:
+                ns[name] = session.proxy(name)
+        elif listed is None:
             ns[name] = session.proxy(name)
     if tests.entry_point and tests.entry_point not in names:
         raise RemoteError(f"the program does not define {tests.entry_point}()")
@@ -800,6 +883,8 @@ _POOL_LOCK = threading.Lock()
 
 def _worker_init() -> None:  # pragma: no cover - runs in pool workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the trusted side decodes what programs return: cap it like the math workers
+    limit_worker_memory()
 
 
 def get_code_pool() -> TimedProcessPool:
@@ -1012,11 +1097,29 @@ def humaneval_canonical_response(problem: dict) -> str:
 
 
 def mbpp_ground_truth(task: dict) -> dict:
-    """Ground truth (``assert`` layout, one test per ``test_list`` entry) for an MBPP task."""
+    """Ground truth (``assert`` layout, one test per ``test_list`` entry) for an MBPP task.
+
+    ``test_imports`` (sanitized MBPP) become the trusted prefix, ``test_setup_code`` the setup, and
+    the functions the reference ``code`` defines become ``functions`` (the names the tests may
+    call even when they shadow a builtin, like task 126's ``sum``)."""
+    import ast
+
     tests = task.get("test_list")
     if not isinstance(tests, list) or not tests:
         raise ValueError(f"MBPP task {task.get('task_id')!r}: field 'test_list' missing or empty")
-    return {"format": "assert", "tests": tests, "setup": task.get("test_setup_code") or ""}
+    gt: dict = {"format": "assert", "tests": tests, "setup": task.get("test_setup_code") or "",
+                "prefix": "\n".join(task.get("test_imports") or [])}
+    code = task.get("code")
+    if isinstance(code, str):
+        try:
+            tree = ast.parse(code.replace("\r\n", "\n"))
+        except SyntaxError:
+            tree = None
+        if tree is not None:
+            defs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            if defs:
+                gt["functions"] = defs
+    return gt
 
 
 #: The usual LeetCode preamble (as in LeetCodeDataset / rllm): star imports the solutions rely

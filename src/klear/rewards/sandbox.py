@@ -115,6 +115,12 @@ class SandboxConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {v!r}")
+        if isinstance(self.uid_base, bool) or not isinstance(self.uid_base, int) or self.uid_base < 10000:
+            raise ValueError(f"SandboxConfig.uid_base must be an int >= 10000 (never a real account), got {self.uid_base!r}")
+        if isinstance(self.uid_slots, bool) or not isinstance(self.uid_slots, int) or not 1 <= self.uid_slots <= 65536:
+            raise ValueError(f"SandboxConfig.uid_slots must be an int in [1, 65536], got {self.uid_slots!r}")
+        if self.uid_base + self.uid_slots > 2**31 - 2:
+            raise ValueError("SandboxConfig.uid_base + uid_slots is beyond the uid range")
         if self.isolation not in ("auto", "bwrap", "native"):
             raise ValueError(f"SandboxConfig.isolation must be 'auto', 'bwrap' or 'native', got {self.isolation!r}")
         for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "max_output_bytes"):
@@ -185,6 +191,20 @@ def _remove_stale_dirs(root: Path) -> None:
             pass
 
 
+def _uid_in_use(uid: int) -> bool:
+    """Whether *uid* belongs to an account (passwd) or a group (a sandbox uid is also its gid)."""
+    import grp
+    import pwd
+
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except KeyError:
+            pass
+    return False
+
+
 class _UidSlot:
     """A uid from the pool, held through an ``flock`` on ``<root>/slots/<uid>.lock`` (released
     automatically if this process dies)."""
@@ -195,6 +215,8 @@ class _UidSlot:
         start = os.getpid() % config.uid_slots
         for k in range(config.uid_slots):
             uid = config.uid_base + (start + k) % config.uid_slots
+            if _uid_in_use(uid):  # never borrow (and never kill the processes of) a real account
+                continue
             fd = os.open(slots / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -259,8 +281,10 @@ class _Zygote:
         if mode == "bwrap":
             cmd = _bwrap_command(root) + cmd
         self.mode = mode
+        # The zygote's memory is inherited by every child: give it no secrets (no API keys in env).
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         self.proc = subprocess.Popen(
-            cmd, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            cmd, env=env, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE if mode == "bwrap" else None, close_fds=True,
         )
         child.close()
@@ -457,7 +481,7 @@ class Sandbox:
         """Create *name* in *workdir* (refusing symlinks and existing files) holding *text*."""
         p = workdir / name
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444 if self.uid is not None else 0o400)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as f:
             f.write(text)
         return p
 
@@ -657,7 +681,7 @@ class RpcChannel:
     :class:`TimeoutError` is raised. A dead program raises :class:`EOFError`.
     """
 
-    MAX_MESSAGE = 64 << 20
+    MAX_MESSAGE = 16 << 20
 
     def __init__(self, sandbox: Sandbox, pid: int, wfd: int, rfd: int):
         self.sandbox, self.pid, self.wfd, self.rfd = sandbox, pid, wfd, rfd
