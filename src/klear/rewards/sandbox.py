@@ -93,6 +93,8 @@ class SandboxConfig:
         uid_base: first uid of the pool used as root (``uid_base .. uid_base + uid_slots - 1``).
         uid_slots: size of that pool (concurrent sandboxes on one machine).
         recursion_limit: ``sys.setrecursionlimit`` in the child.
+        scratch_bytes: size of each private tmpfs (``/tmp`` holding the work dir, ``/var/tmp``,
+            ``/dev/shm``) a program may fill, as root; RAM, emptied between programs.
         isolation: ``"auto"`` (bubblewrap when ``bwrap`` is installed, else native), ``"bwrap"``
             (required) or ``"native"``; the ``KLEAR_SANDBOX_ISOLATION`` environment variable wins.
     """
@@ -109,6 +111,7 @@ class SandboxConfig:
     uid_slots: int = 256
     recursion_limit: int = 10000
     isolation: str = "auto"
+    scratch_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         for name in ("time_limit_s", "program_time_limit_s"):
@@ -123,7 +126,8 @@ class SandboxConfig:
             raise ValueError("SandboxConfig.uid_base + uid_slots is beyond the uid range")
         if self.isolation not in ("auto", "bwrap", "native"):
             raise ValueError(f"SandboxConfig.isolation must be 'auto', 'bwrap' or 'native', got {self.isolation!r}")
-        for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "max_output_bytes"):
+        for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "max_output_bytes",
+                     "scratch_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"SandboxConfig.{name} must be a positive int, got {v!r}")
@@ -234,31 +238,55 @@ class _UidSlot:
             pass
 
 
+def _zygote_module():
+    """The zygote script imported as a module (for its path lists); stdlib only."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_klear_sandbox_zygote", _ZYGOTE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _bwrap_command(root: Path) -> list[str]:
-    """bubblewrap prefix for the zygote: new pid/net/ipc/uts namespaces, the whole file system
-    read-only, private ``/tmp`` and ``/var/tmp``, only the sandbox root writable, the home directory
-    hidden except for the interpreter's own directories; everything dies with the caller."""
+    """bubblewrap prefix for the zygote: a minimal root holding only the system directories, the
+    interpreter (its prefixes and site-packages, minus benchmark data shipped as packages) and the
+    sandbox root; fresh ``/dev``, ``/proc`` and ``/tmp``; new pid/net/ipc/uts namespaces;
+    everything dies with the caller."""
+    z = _zygote_module()
     cmd = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session"]
     if os.geteuid() == 0:
         # no user namespace: the zygote stays real root so it can drop children to the uid pool
         cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     else:
         cmd += ["--unshare-all"]
-    cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
-    hidden = ["/tmp", "/var/tmp"]
-    home = os.path.realpath(os.path.expanduser("~"))
-    if home not in ("/", "") and os.path.isdir(home):
-        cmd += ["--tmpfs", home]
-        hidden.append(home)
-    # the interpreter, its import path and this package stay visible (read-only) even when they
-    # live under a hidden directory (a venv in the home directory, an editable install, ...)
-    needed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path, str(_ZYGOTE.parent))
-              if p and os.path.isdir(p)}
-    for p in sorted(needed):
-        if any(p == h or p.startswith(h + "/") for h in hidden) and os.path.realpath(str(root)) != p:
-            cmd += ["--ro-bind", p, p]
-    cmd += ["--bind", str(root), str(root)]
+    for d in z.SYSTEM_DIRS:
+        if os.path.islink(d):
+            cmd += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            cmd += ["--ro-bind", d, d]
+    for f in z.SYSTEM_FILES:
+        cmd += ["--ro-bind-try", f, f]
+    cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+    needed = z.needed_paths(str(_ZYGOTE.parent))
+    # bwrap creates missing parents of a bind target with mode 0700: make them traversable first
+    parents = sorted({str(a) for p in needed for a in Path(p).parents if str(a) != "/"}, key=lambda a: a.count("/"))
+    for a in parents:
+        cmd += ["--perms", "0755", "--dir", a]
+    for p in needed:
+        cmd += ["--ro-bind", p, p]
+    for d in z.hidden_data_dirs():
+        cmd += ["--tmpfs", d, "--remount-ro", d]
+    if os.geteuid() == 0:
+        # the zygote mounts its own size-limited /tmp; children read their sources from here
+        cmd += ["--ro-bind", str(root), BWRAP_HOST_ROOT]
+    else:
+        cmd += ["--bind", str(root), str(root)]
     return cmd
+
+
+#: Where the sandbox root (the parent's staging dirs) appears inside bubblewrap, as root.
+BWRAP_HOST_ROOT = "/klear-host"
 
 
 def _isolation_mode(config: SandboxConfig) -> str:
@@ -273,11 +301,11 @@ def _isolation_mode(config: SandboxConfig) -> str:
 
 
 class _Zygote:
-    def __init__(self, mode: str = "native") -> None:
+    def __init__(self, mode: str = "native", scratch_bytes: int = 256 << 20) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = parent
         root = _sandbox_root()
-        cmd = [sys.executable, "-I", "-B", str(_ZYGOTE), str(child.fileno()), str(root), mode]
+        cmd = [sys.executable, "-I", "-B", str(_ZYGOTE), str(child.fileno()), str(root), mode, str(scratch_bytes)]
         if mode == "bwrap":
             cmd = _bwrap_command(root) + cmd
         self.mode = mode
@@ -411,7 +439,7 @@ class Sandbox:
         if z is None:
             mode = _isolation_mode(self.config)
             try:
-                z = _Zygote(mode)
+                z = _Zygote(mode, self.config.scratch_bytes)
             except SandboxError as e:
                 if mode != "bwrap" or self.config.isolation == "bwrap":
                     raise
@@ -419,7 +447,7 @@ class Sandbox:
                 if key not in _WARNED:
                     _WARNED.add(key)
                     logger.warning("klear sandbox: bubblewrap is installed but failed (%s); using native isolation", e)
-                z = _Zygote("native")
+                z = _Zygote("native", self.config.scratch_bytes)
             self._zygote = z
             weak = [n for n in z.hello.get("notes", []) if "NOT" in n]
             if not self.is_root:
@@ -518,9 +546,18 @@ class Sandbox:
               setup: Path | None = None) -> int:
         """Fork a confined child running *program* with *fds* as its descriptors 0.. (parent's copies
         are not closed here). Returns the child's pid (also its process group id)."""
+        z = self._ensure()
+
+        def view(p: Path | None) -> str | None:  # the path as the zygote sees it
+            if p is None:
+                return None
+            if z.mode == "bwrap" and self.is_root:
+                return BWRAP_HOST_ROOT + "/" + str(Path(p).relative_to(_sandbox_root()))
+            return str(p)
+
         req = {
-            "op": "spawn", "mode": mode, "workdir": str(workdir), "program": str(program),
-            "prefix": str(prefix) if prefix else None, "setup": str(setup) if setup else None,
+            "op": "spawn", "mode": mode, "workdir": str(workdir), "program": view(program),
+            "prefix": view(prefix), "setup": view(setup),
             "uid": self.uid, "gid": self.uid, "limits": self._limits(), "env": self._env(workdir),
             "recursion_limit": self.config.recursion_limit,
         }
