@@ -305,3 +305,35 @@ def test_scratch_space_is_bounded():
         prog, tests = stdio("with open('big', 'wb') as f:\n    for _ in range(32):\n        f.write(b'x' * (1 << 20))\n"
                             "print('ok')\n")
         assert verdicts(b, prog, tests)[0] == ["runtime_error"]  # ENOSPC after 8 MiB
+
+
+def test_syscall_filter_blocks_namespaces_and_memfd_but_not_threads(box):
+    if "seccomp filter (" not in box.isolation:
+        pytest.skip(f"no seccomp filter here: {box.isolation}")
+    program = (
+        "import ctypes, os, threading, subprocess\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "out = [libc.unshare(0x10000000) == -1]\n"              # CLONE_NEWUSER refused
+        "try:\n    os.memfd_create('ram')\n    out.append(False)\nexcept OSError:\n    out.append(True)\n"
+        "r = []\nt = threading.Thread(target=lambda: r.append(1))\nt.start()\nt.join()\nout.append(r == [1])\n"
+        "out.append(subprocess.run(['true']).returncode == 0)\n"
+        "print(out)\n"
+    )
+    prog, tests = stdio(program, outputs=["[True, True, True, True]\n"])
+    assert verdicts(box, prog, tests)[0] == ["pass"]
+
+
+@needs_root
+def test_memory_cap_covers_all_processes_of_a_program():
+    cfg = dataclasses.replace(CFG, memory_bytes=400 << 20, scratch_bytes=8 << 20, time_limit_s=10.0)
+    with Sandbox(cfg) as b:
+        if "cgroup memory" not in b.isolation:
+            pytest.skip(f"no memory cgroup here: {b.isolation}")
+        program = (
+            "import os, time\nkids = []\nfor _ in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
+            "        x = bytearray(300 << 20)\n        for j in range(0, len(x), 4096):\n            x[j] = 1\n"
+            "        time.sleep(1)\n        os._exit(0)\n    kids.append(pid)\n"
+            "print(sum(os.waitpid(k, 0)[1] == 0 for k in kids))\n"
+        )
+        r = b.run_stdio(b.workdir(), b.write_file(b.workdir(), "m.py", program), b"")
+        assert r.status == "ok" and int(r.stdout) < 3, (r.status, r.stdout, r.stderr[-300:])

@@ -228,6 +228,101 @@ def _reset_scratch(uid):
         os.chown(cwd, uid, uid)
 
 
+# ------------------------------------------------------------------------------- seccomp
+# A small syscall filter (classic BPF) every child installs right before the program runs:
+# no new namespaces (user namespaces would give it capabilities), no mounts, no ptrace or
+# cross-process memory access, no memfd (RAM outside RLIMIT_AS), no io_uring / bpf /
+# userfaultfd / perf / keyring / kernel modules. clone3 answers ENOSYS so libc falls back to
+# clone, whose namespace flags are refused. Other architectures: no filter (said in the notes).
+
+_SECCOMP_BLOCK = {
+    "x86_64": (0xC000003E, 56, 435, {
+        "memfd_create": 319, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
+        "chroot": 161, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "keyctl": 250,
+        "add_key": 248, "request_key": 249, "bpf": 321, "userfaultfd": 323, "perf_event_open": 298,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_by_handle_at": 304,
+        "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313,
+        "delete_module": 176, "swapon": 167, "swapoff": 168, "reboot": 169, "acct": 163, "quotactl": 179,
+        "syslog": 103, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+        "fspick": 433, "mount_setattr": 442}),
+    "aarch64": (0xC00000B7, 220, 435, {
+        "memfd_create": 279, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
+        "chroot": 51, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "keyctl": 219,
+        "add_key": 217, "request_key": 218, "bpf": 280, "userfaultfd": 282, "perf_event_open": 241,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_by_handle_at": 265,
+        "kexec_load": 104, "kexec_file_load": 294, "init_module": 105, "finit_module": 273,
+        "delete_module": 106, "swapon": 224, "swapoff": 225, "reboot": 142, "acct": 89, "quotactl": 60,
+        "syslog": 116, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+        "fspick": 433, "mount_setattr": 442}),
+}
+_NS_FLAGS = 0x10000000 | 0x00020000 | 0x40000000 | 0x20000000 | 0x08000000 | 0x04000000 | 0x02000000
+
+
+def _seccomp_program():
+    import platform
+
+    spec = _SECCOMP_BLOCK.get(platform.machine())
+    if spec is None:
+        return None
+    arch, nr_clone, nr_clone3, blocked = spec
+    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    KILL, ALLOW = 0x80000000, 0x7FFF0000
+    EPERM, ENOSYS = 0x00050000 | 1, 0x00050000 | 38
+    ins = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
+    if arch == 0xC000003E:
+        ins += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, KILL)]  # x32 system calls
+    for nr in sorted(set(blocked.values())):
+        ins += [(JEQ, 0, 1, nr), (RET, 0, 0, EPERM)]
+    ins += [(JEQ, 0, 1, nr_clone3), (RET, 0, 0, ENOSYS)]
+    ins += [(JEQ, 0, 3, nr_clone), (LD, 0, 0, 16), (JSET, 0, 1, _NS_FLAGS), (RET, 0, 0, EPERM)]
+    ins += [(RET, 0, 0, ALLOW)]
+    return ins
+
+
+def _install_seccomp():
+    """Install the filter in this process (irreversible). Returns True on success."""
+    prog = _seccomp_program()
+    if prog is None:
+        return False
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    arr = (Filter * len(prog))(*[Filter(*i) for i in prog])
+    fprog = Prog(len(prog), ctypes.cast(arr, ctypes.POINTER(Filter)))
+    libc = _libc()
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        return False
+    return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def _seccomp_works():
+    """Try the filter in a throw-away child: installed, and memfd_create refused, fork allowed."""
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            if _install_seccomp():
+                try:
+                    os.memfd_create("x")
+                except OSError:
+                    k = os.fork()
+                    if k == 0:
+                        os._exit(0)
+                    ok = os.waitpid(k, 0)[1] == 0
+        except BaseException:  # noqa: BLE001
+            ok = False
+        os._exit(0 if ok else 1)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+SECCOMP_OK = False
+CGROUP_FDS = []
+
+
 def _send(sock, obj, fds=()):
     data = json.dumps(obj).encode()
     if fds:
@@ -534,6 +629,11 @@ def _run_rpc_program(src, prefix_src, setup_src):
 def _child(req, fds, is_root):
     """Runs in the forked child: confine, then run the program. Never returns."""
     try:
+        for fd in CGROUP_FDS:  # join the sandbox's memory/pids cgroup ("0" = this process)
+            try:
+                os.write(fd, b"0")
+            except OSError:
+                pass
         os.setsid()
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
@@ -568,6 +668,8 @@ def _child(req, fds, is_root):
             os.setuid(int(req["uid"]))
         os.environ.clear()
         os.environ.update(req.get("env") or {})
+        if SECCOMP_OK and not _install_seccomp():
+            raise OSError("seccomp filter could not be installed")
         if hasattr(sys, "set_int_max_str_digits"):
             sys.set_int_max_str_digits(0)
         sys.setrecursionlimit(int(req.get("recursion_limit", 10000)))
@@ -682,6 +784,12 @@ def main():
             notes.append("work dir, /tmp and /dev/shm on private size-limited tmpfs, emptied between runs")
         except OSError as e:
             notes.append(f"scratch tmpfs NOT mounted ({e}); the work dir is on the host disk")
+    global SECCOMP_OK, CGROUP_FDS
+    if len(sys.argv) > 5 and sys.argv[5]:
+        CGROUP_FDS = [int(x) for x in sys.argv[5].split(",")]
+    SECCOMP_OK = _seccomp_works()
+    notes.append("seccomp filter (no namespaces, mounts, ptrace, memfd, io_uring, bpf)" if SECCOMP_OK
+                 else "seccomp filter NOT available: programs may create namespaces or memfd RAM")
     for name in _PRELOAD:
         try:
             __import__(name)

