@@ -1,0 +1,509 @@
+"""Generation backends for ``klear eval`` and the context / rope-scaling plan they share.
+
+Backends
+--------
+* :class:`HFBackend`: transformers ``generate``, batched with left padding, CPU or GPU. Each
+  sample carries its own seed: the sampling step (temperature, then top-p; no top-k, no
+  repetition penalty, nothing from the checkpoint's ``generation_config``) draws from a
+  per-sample ``torch.Generator`` inside a logits processor (inverse CDF over token ids), so a
+  sample's text depends on its (seed, problem, sample index) and not on which other samples
+  share its batch. That is what makes a resumed run reproduce an uninterrupted one. One caveat,
+  shared by every batched engine: padding changes logits by float rounding (~1e-7), and a
+  sampled token changes when such a difference moves it across the top-p boundary or the
+  drawn quantile. That is rare for a trained model's peaked distributions and common for a
+  random model's flat ones (the tests therefore check batch independence at top-p 1). The
+  samples of one problem are batched together (the effect of ``num_return_sequences``: the
+  prompt repeated, no padding between them), but every row keeps its own generator.
+* :class:`VLLMBackend`: vLLM's ``LLM.generate`` with one ``SamplingParams(n=1, seed=...)`` per
+  sample. It is imported lazily and NOT tested in this repository (no GPU here); it is kept
+  thin on purpose. ``select_backend("auto")`` picks it only when vLLM is importable and
+  ``torch.cuda.is_available()``.
+
+Rope scaling (spec Sec. 7: a 64K budget with YaRN factor 2.5 on a model trained at 32K)
+----------------------------------------------------------------------------------------
+:func:`plan_context` decides, before any model is loaded, what context the engine gets:
+
+* the model's native context is ``--rope-original-max`` if given, else the config's
+  ``original_max_position_embeddings`` if it has one, else its ``max_position_embeddings``;
+* ``--rope-scaling yarn`` writes ``{"rope_type": "yarn", "factor": f,
+  "original_max_position_embeddings": native, "rope_theta": <model's>}`` into the config
+  (transformers 5 keys it ``rope_parameters``; older versions ``rope_scaling``; the key inside
+  is always ``rope_type``, never the legacy ``type``) and raises the engine's maximum length to
+  ``int(native * f)`` (HF: ``max_position_embeddings``; vLLM: ``max_model_len`` and the same
+  ``hf_overrides``);
+* YaRN in transformers/vLLM is static (it also rescales short contexts), so it is REFUSED when
+  the longest prompt plus ``max_tokens`` fits in the native context, unless ``force``;
+* a budget that does not fit the (scaled) context is refused too.
+
+After loading, :meth:`HFBackend.rope_report` reads the rotary embedding back from the model
+(``rope_type``, ``attention_scaling``, whether ``inv_freq`` differs from the default); a plan
+that did not take effect raises ``RuntimeError`` rather than evaluating silently unscaled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ROPE_TYPES = ("yarn",)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sample to generate: ``problem_id``, ``sample_index``, the chat ``messages`` and its ``seed``."""
+
+    problem_id: str
+    sample_index: int
+    messages: list
+    seed: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A generated response: ``text``, ``n_tokens`` (incl. the stop token) and ``finish_reason``
+    (``"stop"``: the model ended it; ``"length"``: it hit the token budget)."""
+
+    text: str
+    n_tokens: int
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """``temperature`` (0 = greedy), ``top_p`` in (0, 1], ``max_tokens`` >= 1."""
+
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_tokens: int = 32768
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
+
+
+def sample_seed(seed: int, problem_id: str, sample_index: int) -> int:
+    """Deterministic 31-bit seed of one sample from the run seed, the problem id and the sample index."""
+    digest = hashlib.sha256(f"{seed}\0{problem_id}\0{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+# ---------------------------------------------------------------------------------- rope plan
+def _flat_rope_params(config) -> dict:
+    params = getattr(config, "rope_parameters", None)
+    if params is None:
+        params = getattr(config, "rope_scaling", None)
+    params = dict(params or {})
+    labels = getattr(config, "layer_types", None) or ()
+    if any(k in labels for k in params):
+        raise ValueError("per-layer rope parameters are not supported by --rope-scaling")
+    return params
+
+
+def native_context(config, original_max: int | None = None) -> int:
+    """The context the model was trained at (see the module docstring)."""
+    if original_max is not None:
+        if original_max < 1:
+            raise ValueError(f"--rope-original-max must be positive, got {original_max}")
+        return int(original_max)
+    params = _flat_rope_params(config)
+    for value in (getattr(config, "original_max_position_embeddings", None),
+                  params.get("original_max_position_embeddings")):
+        if value:
+            return int(value)
+    value = getattr(config, "max_position_embeddings", None)
+    if not value:
+        raise ValueError("the model config has no max_position_embeddings; pass --rope-original-max")
+    return int(value)
+
+
+def plan_context(
+    config,
+    *,
+    max_tokens: int,
+    max_prompt_tokens: int,
+    rope_scaling: str | None = None,
+    rope_factor: float = 2.5,
+    original_max: int | None = None,
+    force: bool = False,
+) -> dict:
+    """Decide the engine context and rope override (see the module docstring).
+
+    Args:
+        config: the model's ``transformers`` config (not modified).
+        max_tokens: response budget per sample.
+        max_prompt_tokens: longest rendered prompt of the benchmark, in tokens.
+        rope_scaling: ``None`` or ``"yarn"``.
+        rope_factor: YaRN factor (> 1).
+        original_max: the model's native context, overriding the config.
+        force: allow YaRN although the budget fits the native context.
+
+    Returns:
+        The rope record written to every summary: ``source`` (``"override"``, ``"checkpoint"``
+        or ``"none"``), ``rope_type``, ``factor``, ``original_max_position_embeddings``,
+        ``engine_max_len`` (the engine's maximum sequence length), ``needed_len`` (prompt +
+        budget), ``native_context`` and ``override`` (the exact dict written into the config,
+        or ``None``) plus ``config_key`` (``rope_parameters`` or ``rope_scaling``).
+
+    Raises:
+        ValueError: unknown rope type, factor <= 1, an override on a checkpoint that already
+            scales its rope, YaRN within the native context without ``force``, or a budget
+            larger than the engine context.
+    """
+    needed = int(max_prompt_tokens) + int(max_tokens)
+    params = _flat_rope_params(config)
+    existing = params.get("rope_type", params.get("type", "default")) or "default"
+    key = "rope_parameters" if hasattr(config, "rope_parameters") else "rope_scaling"
+    native = native_context(config, original_max)
+    if rope_scaling is None:
+        if existing not in ("default", None):
+            ctx = int(getattr(config, "max_position_embeddings", 0) or native)
+            record = {"source": "checkpoint", "rope_type": existing, "factor": params.get("factor"),
+                      "original_max_position_embeddings": params.get("original_max_position_embeddings"),
+                      "engine_max_len": ctx, "needed_len": needed, "native_context": native,
+                      "override": None, "config_key": key}
+        else:
+            ctx = native
+            record = {"source": "none", "rope_type": "default", "factor": None,
+                      "original_max_position_embeddings": None, "engine_max_len": ctx,
+                      "needed_len": needed, "native_context": native, "override": None, "config_key": key}
+        if needed > ctx:
+            raise ValueError(
+                f"the longest prompt ({max_prompt_tokens} tokens) plus --max-tokens {max_tokens} = {needed} exceeds "
+                f"the model's context of {ctx} tokens: lower --max-tokens, or extend the context with "
+                f"--rope-scaling yarn --rope-factor F (F >= {needed / native:.2f})"
+            )
+        return record
+
+    if rope_scaling not in ROPE_TYPES:
+        raise ValueError(f"--rope-scaling {rope_scaling!r}: supported: {', '.join(ROPE_TYPES)}")
+    if not rope_factor > 1.0:
+        raise ValueError(f"--rope-factor must be > 1, got {rope_factor}")
+    if existing not in ("default", None):
+        raise ValueError(f"the checkpoint already uses rope_type {existing!r} (factor {params.get('factor')}); "
+                         "drop --rope-scaling instead of scaling twice")
+    scaled = int(native * rope_factor)
+    if needed <= native and not force:
+        raise ValueError(
+            f"YaRN refused: the longest prompt ({max_prompt_tokens} tokens) plus --max-tokens {max_tokens} = {needed} "
+            f"fits the native context of {native} tokens, and static YaRN hurts short contexts; "
+            "drop --rope-scaling (or pass --force-rope-scaling)"
+        )
+    if needed > scaled:
+        raise ValueError(
+            f"the longest prompt ({max_prompt_tokens} tokens) plus --max-tokens {max_tokens} = {needed} exceeds the "
+            f"YaRN context {native} x {rope_factor} = {scaled}: raise --rope-factor or lower --max-tokens"
+        )
+    override: dict[str, Any] = {"rope_type": "yarn", "factor": float(rope_factor),
+                                "original_max_position_embeddings": native}
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    if theta is not None:
+        override["rope_theta"] = theta
+    if params.get("partial_rotary_factor") is not None:
+        override["partial_rotary_factor"] = params["partial_rotary_factor"]
+    return {"source": "override", "rope_type": "yarn", "factor": float(rope_factor),
+            "original_max_position_embeddings": native, "engine_max_len": scaled, "needed_len": needed,
+            "native_context": native, "override": override, "config_key": key}
+
+
+def apply_rope_plan(config, plan: dict):
+    """Write a plan's override into *config* (in place; also returned): the rope dict under
+    ``plan["config_key"]`` and ``max_position_embeddings = plan["engine_max_len"]``. No-op for
+    plans without an override."""
+    if plan.get("override"):
+        setattr(config, plan["config_key"], dict(plan["override"]))
+        config.max_position_embeddings = int(plan["engine_max_len"])
+    return config
+
+
+def build_vllm_kwargs(model_path: str, plan: dict, *, seed: int = 0, dtype: str = "auto",
+                      tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9) -> dict:
+    """Keyword arguments for ``vllm.LLM``: the rope override goes in ``hf_overrides`` (with
+    ``max_position_embeddings``), and ``max_model_len`` is the plan's engine length (the SCALED
+    length when YaRN is on, never the unscaled one)."""
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "seed": seed,
+        "dtype": dtype,
+        "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_model_len": int(plan["engine_max_len"]),
+        "enable_prefix_caching": True,
+    }
+    if plan.get("override"):
+        kwargs["hf_overrides"] = {plan["config_key"]: dict(plan["override"]),
+                                  "max_position_embeddings": int(plan["engine_max_len"])}
+    return kwargs
+
+
+# ------------------------------------------------------------------------------- tokenizer
+def load_tokenizer(model_path: str):
+    """The model's tokenizer (must have a chat template)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"model {model_path}: the tokenizer has no chat template")
+    return tok
+
+
+def render_prompt(tokenizer, messages: Sequence[dict]) -> str:
+    """The chat template applied to *messages* with the generation prompt appended."""
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
+
+def prompt_token_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """Token ids of the rendered prompt (the template already holds the special tokens)."""
+    return tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"]
+
+
+def select_backend(name: str) -> str:
+    """Resolve ``auto`` to ``vllm`` (importable and a CUDA GPU present) or ``hf``.
+
+    Raises:
+        ValueError: unknown name, or ``vllm`` asked for but not installed.
+    """
+    name = (name or "auto").lower()
+    vllm_ok = importlib.util.find_spec("vllm") is not None
+    if name == "auto":
+        if not vllm_ok:
+            return "hf"
+        import torch
+
+        return "vllm" if torch.cuda.is_available() else "hf"
+    if name == "vllm" and not vllm_ok:
+        raise ValueError("--backend vllm: vLLM is not installed (pip install 'klear[vllm]'); use --backend hf")
+    if name not in ("hf", "vllm"):
+        raise ValueError(f"--backend {name!r}: expected auto, hf or vllm")
+    return name
+
+
+# ------------------------------------------------------------------------------- HF backend
+def _make_sampler(seeds: Sequence[int], temperature: float, top_p: float):
+    import torch
+    from transformers import LogitsProcessor
+
+    class PerRowSampler(LogitsProcessor):
+        """Samples each row with its own generator and returns logits that are -inf except at the
+        chosen token, so greedy decoding picks exactly the sampled token."""
+
+        def __init__(self):
+            self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+        def __call__(self, input_ids, scores):
+            scores = scores.float()
+            if temperature == 0:
+                choice = scores.argmax(dim=-1)
+            else:
+                probs = torch.softmax(scores / temperature, dim=-1)
+                if top_p < 1.0:
+                    # nucleus: the smallest set of most likely tokens whose mass reaches top_p
+                    # the top 1024 hold the nucleus almost always (exact check below); else sort all
+                    sorted_p = probs.topk(min(1024, probs.shape[-1]), dim=-1).values
+                    before = sorted_p.cumsum(dim=-1) - sorted_p
+                    if not bool((before[:, -1] >= top_p).all()):
+                        sorted_p, _ = probs.sort(dim=-1, descending=True)
+                        before = sorted_p.cumsum(dim=-1) - sorted_p
+                    n_keep = (before < top_p).sum(dim=-1, keepdim=True).clamp_(min=1)
+                    threshold = sorted_p.gather(1, n_keep - 1)
+                    probs = torch.where(probs >= threshold, probs, torch.zeros_like(probs))
+                # inverse CDF in token-id order (not in sorted order, which near-ties make unstable)
+                cum = probs.double().cumsum(dim=-1)
+                u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in self.generators])
+                u = u.to(cum.device) * cum[:, -1]
+                choice = torch.searchsorted(cum, u.unsqueeze(1), right=True).clamp_(max=cum.shape[1] - 1).squeeze(1)
+            out = torch.full_like(scores, float("-inf"))
+            out.scatter_(1, choice.unsqueeze(1), 0.0)
+            return out
+
+    return PerRowSampler()
+
+
+class HFBackend:
+    """transformers ``generate`` backend (see the module docstring).
+
+    Args:
+        model_path: checkpoint directory or hub id (already resolved).
+        plan: the rope plan from :func:`plan_context` (its override is applied to the config).
+        tokenizer: the model's tokenizer (loaded if omitted).
+        batch_size: samples per ``generate`` call.
+        dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), ``"float32"``, ``"bfloat16"``, ``"float16"``.
+        device: ``"cuda"``/``"cpu"``/...; default CUDA when available.
+        model: an already loaded model (tests); then ``model_path`` is only recorded.
+
+    Raises:
+        RuntimeError: the loaded model's rotary embedding does not show the planned YaRN.
+    """
+
+    name = "hf"
+
+    def __init__(self, model_path: str, plan: dict, *, tokenizer=None, batch_size: int = 16,
+                 dtype: str = "auto", device: str | None = None, model=None):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model_path = model_path
+        self.plan = plan
+        self.batch_size = batch_size
+        self.chunk_size = 4 * batch_size  # requests per harness call; batched by prompt length inside
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
+        if model is None:
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            if dtype == "auto":
+                torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+            else:
+                torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+            config = apply_rope_plan(AutoConfig.from_pretrained(model_path), plan)
+            model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch_dtype)
+            model.to(device)
+        self.model = model.eval()
+        self.device = next(self.model.parameters()).device
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if eos is not None else self.tokenizer.eos_token_id
+        self.eos_ids = sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None})
+        if not self.eos_ids:
+            raise ValueError(f"model {model_path}: no eos token id in its generation config or tokenizer")
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.rope = self.rope_report()
+
+    def rope_report(self) -> dict:
+        """What the loaded model actually uses: ``rope_type``, ``attention_scaling``,
+        ``inv_freq_scaled`` (differs from the unscaled default) and ``max_position_embeddings``.
+
+        Raises:
+            RuntimeError: the plan asked for YaRN but the model does not use it.
+        """
+        import torch
+
+        rotary = next((m for m in self.model.modules() if hasattr(m, "inv_freq") and hasattr(m, "rope_type")), None)
+        report: dict[str, Any] = {"max_position_embeddings": getattr(self.model.config, "max_position_embeddings", None)}
+        if rotary is not None:
+            report["rope_type"] = rotary.rope_type
+            report["attention_scaling"] = float(getattr(rotary, "attention_scaling", 1.0))
+            default_fn = getattr(type(rotary), "compute_default_rope_parameters", None)
+            if default_fn is not None:
+                try:
+                    default_inv, _ = default_fn(self.model.config)
+                    report["inv_freq_scaled"] = not torch.allclose(rotary.inv_freq.float().cpu(), default_inv.float())
+                except Exception:  # noqa: BLE001 - diagnostics only
+                    pass
+        if self.plan.get("override"):
+            ok = (report.get("rope_type") == "yarn" and report.get("inv_freq_scaled", True)
+                  and report["max_position_embeddings"] == self.plan["engine_max_len"])
+            if not ok:
+                raise RuntimeError(f"the YaRN override did not take effect on the loaded model: {report}")
+        return report
+
+    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of one rendered prompt."""
+        return prompt_token_ids(self.tokenizer, messages)
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings,
+                 progress=None) -> list[Completion]:
+        """Generate one completion per request, returned in request order.
+
+        Requests are batched ``batch_size`` at a time in order of prompt length (less padding);
+        per-sample seeds make the result independent of the batching. ``progress`` (optional)
+        is called with the number of samples finished after each batch.
+        """
+        import torch
+        from transformers import GenerationConfig
+
+        texts_all = [render_prompt(self.tokenizer, r.messages) for r in requests]
+        lengths = [len(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts_all]
+        order = sorted(range(len(requests)), key=lambda i: (lengths[i], i))
+        results: list[Completion | None] = [None] * len(requests)
+        old_side = self.tokenizer.padding_side
+        try:
+            self.tokenizer.padding_side = "left"
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start:start + self.batch_size]
+                batch = [requests[i] for i in idx]
+                texts = [texts_all[i] for i in idx]
+                enc = self.tokenizer(texts, return_tensors="pt", padding=True,
+                                     add_special_tokens=False).to(self.device)
+                gen_config = GenerationConfig(
+                    max_new_tokens=sampling.max_tokens, do_sample=False, num_beams=1,
+                    eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+                    temperature=None, top_p=None, top_k=None,
+                )
+                sampler = _make_sampler([r.seed for r in batch], sampling.temperature, sampling.top_p)
+                with torch.no_grad():
+                    out = self.model.generate(**enc, generation_config=gen_config, logits_processor=[sampler])
+                new = out[:, enc["input_ids"].shape[1]:].cpu().tolist()
+                eos = set(self.eos_ids)
+                for i, row in zip(idx, new):
+                    stop = next((j for j, t in enumerate(row) if t in eos), None)
+                    if stop is None:
+                        ids, n, reason = row, len(row), "length"
+                    else:
+                        ids, n, reason = row[:stop], stop + 1, "stop"
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                    results[i] = Completion(text=text, n_tokens=n, finish_reason=reason)
+                if progress is not None:
+                    progress(len(batch))
+        finally:
+            self.tokenizer.padding_side = old_side
+        return results  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- vLLM backend
+class VLLMBackend:
+    """vLLM backend (untested here: no GPU). One ``SamplingParams(n=1, seed=...)`` per sample.
+
+    Args:
+        model_path: checkpoint (already resolved).
+        plan: rope plan; see :func:`build_vllm_kwargs` for how it reaches the engine.
+        tokenizer: the model's HF tokenizer (prompts are rendered with its chat template and
+            passed as token ids, so both backends see identical prompts).
+        seed, dtype, tensor_parallel_size, gpu_memory_utilization: engine settings.
+    """
+
+    name = "vllm"
+    chunk_size = 2048
+
+    def __init__(self, model_path: str, plan: dict, *, tokenizer=None, seed: int = 0, dtype: str = "auto",
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9):
+        from vllm import LLM
+
+        self.model_path = model_path
+        self.plan = plan
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
+        self.kwargs = build_vllm_kwargs(model_path, plan, seed=seed, dtype=dtype,
+                                        tensor_parallel_size=tensor_parallel_size,
+                                        gpu_memory_utilization=gpu_memory_utilization)
+        self.llm = LLM(**self.kwargs)
+        self.rope = {"engine_kwargs": {k: v for k, v in self.kwargs.items() if k in ("max_model_len", "hf_overrides")}}
+
+    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of one rendered prompt."""
+        return prompt_token_ids(self.tokenizer, messages)
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings,
+                 progress=None) -> list[Completion]:
+        """Generate one completion per request (order kept)."""
+        from vllm import SamplingParams
+
+        prompts = [{"prompt_token_ids": self.prompt_ids(r.messages)} for r in requests]
+        params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 max_tokens=sampling.max_tokens, seed=r.seed) for r in requests]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        results = []
+        for o in outputs:
+            c = o.outputs[0]
+            results.append(Completion(text=c.text, n_tokens=len(c.token_ids),
+                                      finish_reason=str(c.finish_reason or "stop")))
+        if progress is not None:
+            progress(len(requests))
+        return results

@@ -1,0 +1,221 @@
+"""klear.eval.harness and the `klear eval` CLI: judge-only exact metrics, resume, torn lines, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from klear.cli import main
+from klear.eval.backends import Completion, SamplingSettings
+from klear.eval.benchmarks import load_benchmark
+from klear.eval.harness import judge_only, read_samples, run_eval
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _boxed(x):
+    return f"Let me think. The answer is \\boxed{{{x}}}."
+
+
+# --------------------------------------------------------------------------------- judge-only
+def synthetic_samples(tmp_path):
+    """3 problems x 4 samples: p1 4/4, p2 1/4, p3 0/4 correct."""
+    rows = []
+    plan = {"p1": [True] * 4, "p2": [False, True, False, False], "p3": [False] * 4}
+    gold = {"p1": "12", "p2": "\\frac{1}{2}", "p3": "7"}
+    for pid, flags in plan.items():
+        for i, ok in enumerate(flags):
+            answer = ("0.5" if pid == "p2" else gold[pid]) if ok else "99"
+            rows.append({"problem_id": pid, "response": _boxed(answer), "ground_truth": gold[pid],
+                         "n_tokens": 10 * (i + 1), "finish_reason": "length" if i == 3 else "stop"})
+    return _jsonl(tmp_path / "samples_in.jsonl", rows)
+
+
+def test_judge_only_exact_avg_and_pass_at_k(tmp_path):
+    src = synthetic_samples(tmp_path)
+    s = judge_only(src, tmp_path / "out", maj=True)
+    assert s["n"] == 4 and s["n_problems"] == 3
+    assert s["avg_at_n"]["mean"] == pytest.approx(5 / 12)
+    # p1: 1, 1, 1; p2: 1/4, 1 - C(3,2)/C(4,2) = 1/2, 1; p3: 0, 0, 0
+    assert s["pass_at_k"] == pytest.approx({"1": 5 / 12, "2": 1.5 / 3, "4": 2 / 3})
+    assert s["maj_at_n"] == pytest.approx(1 / 3)
+    assert s["mean_response_tokens"] == pytest.approx(25.0)
+    assert s["truncation_rate"] == pytest.approx(0.25)
+    assert [r["correct"] for r in s["per_problem"]] == [4, 1, 0]
+    out = read_samples(tmp_path / "out" / "samples.jsonl")
+    assert len(out) == 12 and out[4]["extracted"] == "99" and out[5]["verdict"] == "correct"
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| p1 | 4 | 4 | 100.0 |" in md and "| p3 | 4 | 0 | 0.0 |" in md
+    with pytest.raises(ValueError, match="pass@8 needs at least 8"):
+        judge_only(src, tmp_path / "out2", ks=[8])
+
+
+def test_judge_only_cli_and_k_greater_than_n_refused(tmp_path, capsys):
+    src = synthetic_samples(tmp_path)
+    assert main(["eval", "--judge-only", str(src), "--output", str(tmp_path / "o"), "--k", "1,3"]) == 0
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert set(s["pass_at_k"]) == {"1", "3"}
+    assert s["rope"]["plan"] is None and "judge-only" in s["rope"]["note"]
+    assert main(["eval", "--judge-only", str(src), "--output", str(tmp_path / "o2"), "--k", "5"]) == 2
+    assert "k > n is refused" in capsys.readouterr().err
+
+
+def test_judge_only_with_benchmark_lookup_and_errors(tmp_path):
+    bench = _jsonl(tmp_path / "b.jsonl", [{"id": "a", "problem": "1+1?", "answer": "2"},
+                                         {"id": "b", "problem": "2+2?", "answer": "4"}])
+    b = load_benchmark(str(bench))
+    samples = _jsonl(tmp_path / "s.jsonl", [
+        {"id": "a", "output": _boxed(2)}, {"id": "a", "output": _boxed(3)},
+        {"id": "b", "output": _boxed(4)}, {"id": "b", "output": "no box"},
+    ])
+    s = judge_only(samples, tmp_path / "o", benchmark=b, id_field="id")
+    assert s["avg_at_n"]["mean"] == 0.5 and s["pass_at_k"]["2"] == 1.0
+    bad = _jsonl(tmp_path / "s2.jsonl", [{"id": "zzz", "output": "x"}])
+    with pytest.raises(ValueError, match=r"s2\.jsonl:1: problem 'zzz' is not in"):
+        judge_only(bad, tmp_path / "o2", benchmark=b, id_field="id")
+    partial = _jsonl(tmp_path / "s3.jsonl", [{"id": "a", "output": "x"}])
+    with pytest.raises(ValueError, match="have no samples"):
+        judge_only(partial, tmp_path / "o3", benchmark=b, id_field="id")
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": \n', ":2: invalid JSON"),
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "answer": "1"}\n', ":2: no response"),
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"response": "x", "answer": "1"}\n', ":2: no problem id"),
+    ('{"problem_id": "a", "response": "x"}\n', ":1: no ground truth"),
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": "y", "answer": "2"}\n',
+     ":2: problem 'a' has a different ground truth"),
+    ('{"problem_id": "a", "sample_index": 0, "response": "x", "answer": "1"}\n'
+     '{"problem_id": "a", "sample_index": 0, "response": "y", "answer": "1"}\n', ":2: duplicate sample"),
+])
+def test_malformed_sample_lines_name_file_and_line(tmp_path, content, needle):
+    f = tmp_path / "samples.in.jsonl"
+    f.write_text(content)
+    with pytest.raises(ValueError) as e:
+        judge_only(f, tmp_path / "o")
+    assert str(f) + needle in str(e.value)
+
+
+# ------------------------------------------------------------------------------------ run_eval
+class FakeBackend:
+    """Deterministic in each sample's seed, like the real backends; can 'crash' after some calls."""
+
+    name = "fake"
+
+    def __init__(self, answers, chunk_size=4, crash_after=None):
+        self.answers, self.chunk_size, self.crash_after, self.calls, self.generated = answers, chunk_size, crash_after, 0, []
+
+    def generate(self, requests, sampling, progress=None):
+        if self.crash_after is not None and self.calls >= self.crash_after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        out = []
+        for r in requests:
+            self.generated.append((r.problem_id, r.sample_index))
+            ok = r.seed % 3 != 0
+            text = _boxed(self.answers[r.problem_id] if ok else "-1")
+            out.append(Completion(text, 5 + r.seed % 11, "length" if r.seed % 5 == 0 else "stop"))
+        if progress:
+            progress(len(requests))
+        return out
+
+
+@pytest.fixture()
+def small_bench(tmp_path):
+    rows = [{"id": f"q{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]
+    return load_benchmark(str(_jsonl(tmp_path / "bench.jsonl", rows)))
+
+
+def test_resume_after_interruption_gives_the_same_summary(tmp_path, small_bench):
+    answers = {p.problem_id: p.ground_truth for p in small_bench.problems}
+    kw = dict(n=6, sampling=SamplingSettings(0.6, 0.95, 64), seed=3, maj=True, model="fake-model",
+              show_progress=False)
+    full = run_eval(small_bench, FakeBackend(answers), tmp_path / "full", **kw)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(small_bench, FakeBackend(answers, crash_after=3), tmp_path / "resumed", **kw)
+    first = read_samples(tmp_path / "resumed" / "samples.jsonl")
+    assert len(first) == 12
+    # a torn line from the killed process: cut off on resume
+    with open(tmp_path / "resumed" / "samples.jsonl", "a") as f:
+        f.write('{"problem_id": "q3", "sample_ind')
+    again = FakeBackend(answers, chunk_size=7)  # different batching must not matter
+    resumed = run_eval(small_bench, again, tmp_path / "resumed", **kw)
+    assert len(again.generated) == 30 - 12  # finished samples are never redone
+    assert not set(again.generated) & {(r["problem_id"], r["sample_index"]) for r in first}
+    assert resumed == full
+    assert (tmp_path / "resumed" / "summary.json").read_text() == (tmp_path / "full" / "summary.json").read_text()
+    assert sorted(map(json.dumps, read_samples(tmp_path / "resumed" / "samples.jsonl"))) == \
+        sorted(map(json.dumps, read_samples(tmp_path / "full" / "samples.jsonl")))
+    # a third run has nothing left to do
+    idle = FakeBackend(answers)
+    assert run_eval(small_bench, idle, tmp_path / "resumed", **kw) == full and idle.generated == []
+    run = json.loads((tmp_path / "resumed" / "run.json").read_text())
+    assert [i["generated"] for i in run["invocations"]] == [12, 18, 0]
+
+
+def test_summary_contents_and_settings_guard(tmp_path, small_bench):
+    answers = {p.problem_id: p.ground_truth for p in small_bench.problems}
+    rope = {"plan": {"source": "none", "rope_type": "default", "engine_max_len": 2048}}
+    s = run_eval(small_bench, FakeBackend(answers), tmp_path / "r", n=4, seed=0, rope=rope, show_progress=False)
+    assert s["rope"] == rope and s["sampling"] == {"temperature": 0.6, "top_p": 0.95, "max_tokens": 32768}
+    assert set(s["pass_at_k"]) == {"1", "2", "4"}
+    recs = read_samples(tmp_path / "r" / "samples.jsonl")
+    assert set(recs[0]) >= {"problem_id", "sample_index", "response", "extracted", "verdict", "n_tokens",
+                            "finish_reason", "reward"}
+    expected = sum(r["correct"] for r in recs) / len(recs)
+    assert s["avg_at_n"]["mean"] == pytest.approx(expected)
+    with pytest.raises(ValueError, match="different settings"):
+        run_eval(small_bench, FakeBackend(answers), tmp_path / "r", n=4, seed=0, rope=rope, show_progress=False,
+                 sampling=SamplingSettings(1.0, 0.95, 32768))
+    with pytest.raises(ValueError, match="k <= n"):
+        run_eval(small_bench, FakeBackend(answers), tmp_path / "r", n=4, ks=[8], show_progress=False)
+    # more samples later: only the new indices are generated
+    more = FakeBackend(answers)
+    run_eval(small_bench, more, tmp_path / "r", n=6, seed=0, rope=rope, show_progress=False)
+    assert sorted({i for _, i in more.generated}) == [4, 5]
+    # judge-only on the run's own samples finds problems.jsonl and reproduces the metrics
+    rejudged = judge_only(tmp_path / "r" / "samples.jsonl", tmp_path / "rj", n=4)
+    assert rejudged["avg_at_n"] == s["avg_at_n"] and rejudged["pass_at_k"] == s["pass_at_k"]
+    assert rejudged["rope"]["plan"] == rope["plan"]
+
+
+def test_malformed_line_in_a_run_directory_is_an_error(tmp_path, small_bench):
+    answers = {p.problem_id: p.ground_truth for p in small_bench.problems}
+    run_eval(small_bench, FakeBackend(answers), tmp_path / "r", n=2, show_progress=False)
+    path = tmp_path / "r" / "samples.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = "{not json}\n"
+    path.write_text("".join(lines))
+    with pytest.raises(ValueError, match=r"samples\.jsonl:3: invalid JSON"):
+        run_eval(small_bench, FakeBackend(answers), tmp_path / "r", n=2, show_progress=False)
+    lines[2] = '{"problem_id": "q1", "sample_index": "0", "response": "", "correct": true}\n'
+    path.write_text("".join(lines))
+    with pytest.raises(ValueError, match=r"samples\.jsonl:3: field 'sample_index'"):
+        run_eval(small_bench, FakeBackend(answers), tmp_path / "r", n=2, show_progress=False)
+
+
+def test_cli_user_errors_exit_2(tmp_path, capsys):
+    bench = _jsonl(tmp_path / "b.jsonl", [{"problem": "1+1?", "answer": "2"}])
+    assert main(["eval", "--model", "embedded", "--benchmark", "aime25", "--output", str(tmp_path / "o")]) == 2
+    assert "nothing can be downloaded" in capsys.readouterr().err
+    assert main(["eval", "--model", "x", "--benchmark", str(bench), "--n", "2", "--k", "1,4",
+                 "--output", str(tmp_path / "o")]) == 2
+    assert "k <= n" in capsys.readouterr().err
+    assert main(["eval", "--benchmark", str(bench), "--output", str(tmp_path / "o")]) == 2
+
+
+def test_resume_when_the_last_newline_was_never_written(tmp_path, small_bench):
+    answers = {p.problem_id: p.ground_truth for p in small_bench.problems}
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(small_bench, FakeBackend(answers, crash_after=1), tmp_path / "r", n=2, show_progress=False)
+    path = tmp_path / "r" / "samples.jsonl"
+    path.write_text(path.read_text().rstrip("\n"))  # complete JSON, newline lost
+    rest = FakeBackend(answers)
+    s = run_eval(small_bench, rest, tmp_path / "r", n=2, show_progress=False)
+    assert len(rest.generated) == 10 - 4 and s["n_samples"] == 10
+    assert len(read_samples(path)) == 10
