@@ -15,7 +15,7 @@ import sys
 
 # Modules that each add one subcommand with ``add_parser(subparsers)``.
 _SUBCOMMAND_MODULES: list[str] = [
-    # "klear.sft.cli",  (klear sft)
+    "klear.sft.cli",  # (klear sft)
     "klear.eval.cli",  # (klear eval)
     "klear.data.cli",  # (klear data)
 ]

@@ -1,0 +1,363 @@
+"""SFT datasets: chat files, prompt/response files, and the embedded teacher set.
+
+Every dataset built here is a ``datasets.Dataset`` in TRL's conversational prompt-completion
+layout, which :class:`klear.sft.trainer.KlearSFTTrainer` trains with the loss on the completion
+only:
+
+* ``prompt``: chat messages before the response, a list of ``{"role": str, "content": str}``;
+* ``completion``: ``[{"role": "assistant", "content": response}]`` (the tokens that carry loss);
+* ``data_source``: str (selects the scorer for correctness filtering; ``"math"`` by default);
+* ``ground_truth``: str or None (the reference answer, when the file gives one);
+* ``difficulty``: ``"easy"``, ``"hard"`` or None.
+
+Sources:
+
+* :func:`load_sft_file` reads JSONL / JSON / parquet with, per row, EITHER ``messages`` (a chat
+  whose LAST message is the assistant response that is trained; earlier turns, including
+  earlier assistant turns, are context only) OR ``prompt`` (a string or a chat list) plus
+  ``response`` (a string; ``completion`` is accepted as an alias, also as a one-message list).
+  Optional: ``ground_truth`` (or ``reward_model.ground_truth``), ``data_source``,
+  ``difficulty`` (``easy``/``hard``) or ``pass_rate`` (a number in [0, 1]).
+* :func:`make_teacher_sft_dataset` writes worked arithmetic solutions with the procedural
+  teacher (:mod:`klear.sft.teacher`) for reasoning-gym problems, next to a disjoint held-out
+  set in the RL layout (:mod:`klear.data.rl_data`) for evaluation.
+
+Correctness/difficulty filtering (spec Sec. 5, Table 2), :func:`filter_sft_dataset`: easy prompts
+keep only correct responses, hard prompts keep everything (``by_difficulty``, Klear's rule), or
+every prompt keeps only correct responses (``correct``). Correctness is the math reward of
+:mod:`klear.rewards` (last ``\\boxed{}`` after ``</think>`` checked with math-verify).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SFT_DATA_SOURCE = "math"
+FILTER_MODES = ("none", "correct", "by_difficulty")
+VALID_ROLES = ("system", "user", "assistant", "tool")
+
+__all__ = [
+    "DEFAULT_SFT_DATA_SOURCE",
+    "FILTER_MODES",
+    "filter_sft_dataset",
+    "load_sft_file",
+    "make_teacher_sft_dataset",
+]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- files
+
+def _read_records(path: Path) -> list[Any]:
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as exc:
+            raise ValueError(f"{path}: not a readable parquet file: {exc}") from exc
+    if suffix not in (".jsonl", ".json"):
+        raise ValueError(f"{path}: unsupported file type {suffix!r} (expected .jsonl, .json or .parquet)")
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            return list(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: invalid JSON array: {exc}") from exc
+    records = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: line {lineno} (row {len(records)}): invalid JSON: {exc.msg} "
+                             f"at column {exc.colno}") from exc
+    return records
+
+
+def _check_chat(where: str, field: str, value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{where}: field '{field}' is {type(value).__name__} {_short(value)} (expected a non-empty "
+                         f"list of {{'role', 'content'}} messages)")
+    out = []
+    for j, msg in enumerate(value):
+        if not isinstance(msg, Mapping):
+            raise ValueError(f"{where}: field '{field}[{j}]' is {type(msg).__name__} {_short(msg)} "
+                             f"(expected a {{'role', 'content'}} dict)")
+        role, content = msg.get("role"), msg.get("content")
+        if role not in VALID_ROLES:
+            raise ValueError(f"{where}: field '{field}[{j}].role' is {_short(role)} (expected one of {VALID_ROLES})")
+        if not isinstance(content, str):
+            raise ValueError(f"{where}: field '{field}[{j}].content' is {type(content).__name__} {_short(content)} "
+                             f"(expected a string)")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _row_to_example(where: str, rec: Any) -> dict:
+    """Validate one file row and convert it to the prompt-completion layout of this module."""
+    if not isinstance(rec, Mapping):
+        raise ValueError(f"{where}: is {type(rec).__name__} {_short(rec)} (expected a JSON object)")
+    if rec.get("messages") is not None:
+        messages = _check_chat(where, "messages", rec["messages"])
+        last = messages[-1]
+        if last["role"] != "assistant":
+            raise ValueError(f"{where}: field 'messages[{len(messages) - 1}].role' is {last['role']!r} (expected "
+                             f"the last message to be the assistant response that is trained)")
+        if len(messages) < 2:
+            raise ValueError(f"{where}: field 'messages' holds only the assistant response (expected at least one "
+                             f"user message before it)")
+        prompt, response = messages[:-1], last["content"]
+        response_field = f"messages[{len(messages) - 1}].content"
+    elif rec.get("prompt") is not None:
+        raw_prompt = rec["prompt"]
+        if isinstance(raw_prompt, str):
+            if not raw_prompt.strip():
+                raise ValueError(f"{where}: field 'prompt' is an empty string (expected the question)")
+            prompt = [{"role": "user", "content": raw_prompt}]
+        else:
+            prompt = _check_chat(where, "prompt", raw_prompt)
+        key = "response" if rec.get("response") is not None else "completion"
+        response = rec.get(key)
+        if response is None:
+            raise ValueError(f"{where}: field 'response' is missing (a row with 'prompt' needs a 'response' string)")
+        if isinstance(response, list):
+            msgs = _check_chat(where, key, response)
+            if len(msgs) != 1 or msgs[0]["role"] != "assistant":
+                raise ValueError(f"{where}: field '{key}' must be one assistant message, got {_short(response)}")
+            response = msgs[0]["content"]
+        if not isinstance(response, str):
+            raise ValueError(f"{where}: field '{key}' is {type(response).__name__} {_short(response)} "
+                             f"(expected a string)")
+        response_field = key
+    else:
+        raise ValueError(f"{where}: no 'messages' and no 'prompt' field (expected a chat 'messages' list, or "
+                         f"'prompt' + 'response')")
+    if not response.strip():
+        raise ValueError(f"{where}: field '{response_field}' is empty (expected the response text)")
+
+    gt = rec.get("ground_truth")
+    gt_field = "ground_truth"
+    if gt is None and isinstance(rec.get("reward_model"), Mapping):
+        gt, gt_field = rec["reward_model"].get("ground_truth"), "reward_model.ground_truth"
+    if gt is not None:
+        if isinstance(gt, bool) or not isinstance(gt, (str, int, float)) or (isinstance(gt, str) and not gt.strip()):
+            raise ValueError(f"{where}: field '{gt_field}' is {_short(gt)} (expected a non-empty string or number)")
+        gt = str(gt)
+    data_source = rec.get("data_source", DEFAULT_SFT_DATA_SOURCE)
+    if not isinstance(data_source, str) or not data_source:
+        raise ValueError(f"{where}: field 'data_source' is {_short(data_source)} (expected a non-empty string)")
+    difficulty = rec.get("difficulty")
+    if difficulty is not None and difficulty not in ("easy", "hard"):
+        raise ValueError(f"{where}: field 'difficulty' is {_short(difficulty)} (expected 'easy' or 'hard')")
+    pass_rate = rec.get("pass_rate")
+    if pass_rate is not None and (isinstance(pass_rate, bool) or not isinstance(pass_rate, (int, float))
+                                  or not (0.0 <= float(pass_rate) <= 1.0) or math.isnan(float(pass_rate))):
+        raise ValueError(f"{where}: field 'pass_rate' is {_short(pass_rate)} (expected a number in [0, 1])")
+    return {
+        "prompt": prompt,
+        "completion": [{"role": "assistant", "content": response}],
+        "data_source": data_source,
+        "ground_truth": gt,
+        "difficulty": difficulty,
+        "pass_rate": None if pass_rate is None else float(pass_rate),
+    }
+
+
+def load_sft_file(path: str | os.PathLike):
+    """Load and validate an SFT file (JSONL / JSON / parquet) into the prompt-completion layout.
+
+    Each row needs ``messages`` (last message = the assistant response) or ``prompt`` +
+    ``response`` (see the module docstring). Every row is validated; nothing is dropped.
+
+    Args:
+        path: ``.jsonl``, ``.json`` (JSON lines or one array) or ``.parquet`` file.
+
+    Returns:
+        A ``datasets.Dataset`` with ``prompt``, ``completion``, ``data_source``, ``ground_truth``,
+        ``difficulty`` and ``pass_rate`` columns (one row per file row, in file order).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unsupported type, empty file, invalid JSON, or an invalid row; the message names
+            the file, the 0-based row and the field, e.g. ``sft.jsonl: row 3: field 'response' is missing``.
+    """
+    import datasets
+
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory (expected a .jsonl, .json or .parquet file)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    records = _read_records(path)
+    if not records:
+        raise ValueError(f"{path}: no rows (empty file)")
+    rows = [_row_to_example(f"{path}: row {r}", rec) for r, rec in enumerate(records)]
+    return datasets.Dataset.from_list(rows)
+
+
+# --------------------------------------------------------------------------- filtering
+
+def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0.5,
+                       max_workers: int | None = None):
+    """Correctness filtering by difficulty (spec Sec. 5, Table 2).
+
+    A response is correct when the reward of :func:`klear.rewards.compute_scores` on it is 1.0
+    (``data_source`` selects the scorer; ``*longcot*`` sources also require a closed think block).
+    A prompt is easy when its ``difficulty`` is ``"easy"``, or, without a label, when its
+    ``pass_rate`` (a model's pass rate on it) is ``>= easy_pass_rate``; otherwise hard.
+
+    Modes:
+        ``none``: keep every row.
+        ``correct``: keep only correct responses.
+        ``by_difficulty``: Klear's rule: easy prompts keep only correct responses, hard prompts
+        keep every response (correct or not).
+
+    Args:
+        dataset: rows in this module's layout.
+        mode: one of :data:`FILTER_MODES`.
+        easy_pass_rate: pass-rate threshold for "easy", in [0, 1].
+        max_workers: scoring threads (``None``: the scorer's default).
+
+    Returns:
+        ``(filtered_dataset, stats)`` with ``stats = {"mode", "n_in", "n_out", "removed_wrong",
+        "n_easy", "n_hard", "n_correct"}`` (``n_correct`` counts the scored rows only).
+
+    Raises:
+        ValueError: an unknown mode, a bad threshold, a row that must be scored but has no
+            ``ground_truth``, or a ``by_difficulty`` row with neither ``difficulty`` nor ``pass_rate``
+            (the message names the row).
+    """
+    if mode not in FILTER_MODES:
+        raise ValueError(f"unknown filter mode {mode!r} (expected one of {FILTER_MODES})")
+    if not 0.0 <= float(easy_pass_rate) <= 1.0:
+        raise ValueError(f"easy_pass_rate must be in [0, 1], got {easy_pass_rate!r}")
+    n = len(dataset)
+    stats: dict[str, Any] = {"mode": mode, "n_in": n, "n_out": n, "removed_wrong": 0, "n_easy": 0, "n_hard": 0,
+                             "n_correct": 0}
+    if mode == "none":
+        return dataset, stats
+    rows = dataset.to_list()
+    if mode == "correct":
+        easy = [True] * n
+    else:
+        easy = []
+        for i, row in enumerate(rows):
+            if row.get("difficulty") is not None:
+                easy.append(row["difficulty"] == "easy")
+            elif row.get("pass_rate") is not None:
+                easy.append(float(row["pass_rate"]) >= float(easy_pass_rate))
+            else:
+                raise ValueError(f"row {i}: filter 'by_difficulty' needs field 'difficulty' ('easy'/'hard') or "
+                                 f"'pass_rate' (a number in [0, 1])")
+        stats["n_easy"], stats["n_hard"] = sum(easy), n - sum(easy)
+    to_score = [i for i in range(n) if easy[i]]
+    for i in to_score:
+        if rows[i].get("ground_truth") is None:
+            raise ValueError(f"row {i}: filter {mode!r} needs field 'ground_truth' to judge the response")
+    keep = [True] * n
+    if to_score:
+        from klear.rewards import compute_scores
+
+        scores = compute_scores(
+            [rows[i]["data_source"] for i in to_score],
+            [rows[i]["completion"][-1]["content"] for i in to_score],
+            [rows[i]["ground_truth"] for i in to_score],
+            [None] * len(to_score),
+            max_workers=max_workers,
+        )
+        for i, score in zip(to_score, scores):
+            ok = float(score) == 1.0
+            stats["n_correct"] += int(ok)
+            keep[i] = ok
+    kept = [i for i in range(n) if keep[i]]
+    stats["n_out"], stats["removed_wrong"] = len(kept), n - len(kept)
+    if not kept:
+        raise ValueError(f"filter {mode!r} removed all {n} rows (no correct response among the rows it judged)")
+    return dataset.select(kept), stats
+
+
+# --------------------------------------------------------------------------- teacher set
+
+def make_teacher_sft_dataset(
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    train_size: int,
+    heldout_size: int,
+    seed: int,
+    system_prompt: str | None = None,
+    instruction: str | None = None,
+    data_source: str = "math_reasoning_gym",
+):
+    """Worked teacher solutions for reasoning-gym problems, plus a disjoint held-out set.
+
+    The problems come from :func:`klear.data.rl_data.make_train_and_heldout` (no few-shot turn; the
+    held-out questions are excluded from the training problems). For each training problem the
+    reasoning-gym entry is regenerated from its ``(rg_seed, rg_index)`` (its question is checked
+    against the stored one) and :func:`klear.sft.teacher.teacher_response` writes the verified
+    worked solution.
+
+    Args:
+        tasks: reasoning-gym task mix (``[{"name", "config", "weight"}]``); every task must give
+            integer ``+ - *`` expressions in ``metadata["expression"]``.
+        train_size: number of SFT examples.
+        heldout_size: number of held-out problems.
+        seed: data seed (held-out: ``seed + 1``).
+        system_prompt: optional system message (both sets).
+        instruction: appended to each question (default: rl_data's ``DEFAULT_INSTRUCTION``).
+        data_source: ``data_source`` of both sets (the held-out scorer).
+
+    Returns:
+        ``(sft_train, heldout)``: the SFT set in this module's layout (``ground_truth`` = the
+        reasoning-gym answer, ``difficulty`` None) and the held-out set in the RL layout.
+
+    Raises:
+        ValueError: bad tasks/sizes (as rl_data), or a task the teacher cannot solve.
+        klear.sft.teacher.TeacherMismatch: the teacher disagrees with reasoning-gym (never emitted).
+    """
+    import datasets
+    import reasoning_gym
+
+    from klear.data import rl_data
+    from klear.sft.teacher import teacher_response
+
+    kwargs: dict[str, Any] = {"few_shot": None, "system_prompt": system_prompt, "data_source": data_source}
+    if instruction is not None:
+        kwargs["instruction"] = instruction
+    train, heldout = rl_data.make_train_and_heldout(tasks, train_size=train_size, heldout_size=heldout_size,
+                                                    seed=seed, **kwargs)
+    norm = rl_data._normalise_tasks(tasks)
+    by_seed = {rl_data._sub_seed(seed, ti, t["name"]): t for ti, t in enumerate(norm)}
+    needed: dict[int, int] = {}  # per-task generator seed -> entries to generate
+    for info in train["extra_info"]:
+        needed[info["rg_seed"]] = max(needed.get(info["rg_seed"], 0), info["rg_index"] + 1)
+    generators = {s: reasoning_gym.create_dataset(by_seed[s]["name"], size=size, seed=s, **by_seed[s]["config"])
+                  for s, size in needed.items()}
+    rows = []
+    for row in train:
+        info = row["extra_info"]
+        gen = generators[info["rg_seed"]]
+        entry = gen[info["rg_index"]]
+        if entry["question"] != info["question"]:  # pragma: no cover - reasoning-gym changed its indexing
+            raise RuntimeError(f"reasoning-gym regenerated a different question for {info}: {entry['question']!r}")
+        rows.append({
+            "prompt": row["prompt"],
+            "completion": [{"role": "assistant", "content": teacher_response(entry, dataset=gen)}],
+            "data_source": data_source,
+            "ground_truth": row["reward_model"]["ground_truth"],
+            "difficulty": None,
+            "pass_rate": None,
+            "task": info["task"],
+        })
+    return datasets.Dataset.from_list(rows), heldout

@@ -1,0 +1,386 @@
+"""The ``klear sft`` job: data -> held-out eval -> long-CoT SFT -> held-out eval -> report.
+
+Run directory layout (``output_dir``)::
+
+    config.yaml            the resolved recipe (after overrides)
+    sft_data.jsonl         with data.train=teacher: the generated examples (prompt / completion messages)
+    metrics.jsonl          one row per logging step (loss, learning_rate, grad_norm, token accuracy, ...)
+    tensorboard/           TensorBoard events of the same metrics
+    checkpoints/           TRL/transformers checkpoints (``--resume`` continues from the latest)
+    eval_before.json       held-out greedy results of the starting model (per-problem completions)
+    eval_after.json        the same for the SFT model
+    eval.json              paired comparisons: accuracy and format compliance, 95% intervals, McNemar p
+    training_curves.png    loss, learning rate, grad norm and token accuracy vs step
+    final/                 the SFT model and tokenizer: ``klear rl model=<output_dir>/final`` continues from it
+
+Recipe sections: ``model`` (a path, a hub id, or ``embedded``), ``output_dir``, ``seed``, ``data``,
+``eval`` and ``trainer`` (every field of :class:`klear.sft.trainer.KlearSFTConfig`, i.e. TRL's
+``SFTConfig`` plus ``lr_floor``). ``trainer.bf16`` and ``trainer.gradient_checkpointing`` may be
+``auto``: on when a CUDA GPU is visible, off otherwise. See ``configs/sft_demo.yaml`` and
+``configs/sft_klear.yaml``.
+
+``data``:
+
+* ``train``: ``teacher`` (the embedded procedural teacher writes worked solutions for the
+  reasoning-gym ``tasks``, :func:`klear.sft.data.make_teacher_sft_dataset`) or an SFT file
+  (:func:`klear.sft.data.load_sft_file`: ``messages``, or ``prompt`` + ``response``);
+* ``heldout``: ``reasoning_gym`` (problems of ``tasks``, disjoint from the teacher's training
+  problems), a verl RL-layout file (:func:`klear.data.rl_data.load_rl_dataset`), or ``none``;
+* ``tasks``, ``train_size``, ``heldout_size``, ``system_prompt``, ``instruction``, ``data_source``:
+  as in ``klear rl`` (no few-shot turn: the SFT data teaches the format);
+* ``filter`` (``none`` | ``correct`` | ``by_difficulty``) and ``easy_pass_rate``: correctness
+  filtering of file data, see :func:`klear.sft.data.filter_sft_dataset`.
+
+Held-out metrics, each compared before/after with :func:`klear.eval.heldout.paired_difference`:
+``accuracy`` (reward 1.0 from the held-out ``data_source``'s scorer) and ``format`` (the response
+closes a think block, ``</think>``, and puts a non-empty ``\\boxed{}`` after it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer"}
+_DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "system_prompt", "instruction",
+              "data_source", "filter", "easy_pass_rate"}
+_EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size"}
+_AUTO_FIELDS = ("bf16", "gradient_checkpointing")
+
+__all__ = ["format_compliant", "format_report", "plot_sft_curves", "run_sft", "validate_sft_config"]
+
+
+def _check_keys(section: Any, allowed: set[str], where: str, source: str) -> None:
+    if not isinstance(section, dict):
+        raise ValueError(f"{source}: {where} must be a mapping, got {type(section).__name__}")
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown} in {where}; allowed: {sorted(allowed)}")
+
+
+def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
+    """Check the recipe's structure before any heavy work.
+
+    Raises:
+        ValueError: an unknown key (named with its section and the file), a missing required key, a
+            trainer field that :class:`KlearSFTConfig` does not have (with a "did you mean"), or a
+            trainer value of the wrong type.
+    """
+    _check_keys(config, _TOP_KEYS, "the top level", source)
+    for key in ("model", "output_dir", "data", "trainer"):
+        if config.get(key) in (None, ""):
+            raise ValueError(f"{source}: '{key}' is required")
+    _check_keys(config["data"], _DATA_KEYS, "'data'", source)
+    _check_keys(config.get("eval") or {}, _EVAL_KEYS, "'eval'", source)
+    if not isinstance(config["trainer"], dict):
+        raise ValueError(f"{source}: 'trainer' must be a mapping, got {type(config['trainer']).__name__}")
+    from klear.sft.trainer import KlearSFTConfig
+
+    fields = {f.name: f for f in dataclasses.fields(KlearSFTConfig)}
+    unknown = sorted(set(config["trainer"]) - set(fields))
+    if unknown:
+        hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, fields, n=1)) else repr(k)
+                 for k in unknown]
+        raise ValueError(f"{source}: unknown key(s) {', '.join(hints)} in 'trainer' (not KlearSFTConfig/SFTConfig "
+                         f"fields)")
+    for key, value in config["trainer"].items():
+        if key in _AUTO_FIELDS and value == "auto":
+            continue
+        default = fields[key].default
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{source}: trainer.{key}={value!r} must be a number (default {default!r})")
+        if (isinstance(default, bool) or key in _AUTO_FIELDS) and value is not None and not isinstance(value, bool):
+            raise ValueError(f"{source}: trainer.{key}={value!r} must be true or false"
+                             + (" or auto" if key in _AUTO_FIELDS else ""))
+    data = config["data"]
+    train = data.get("train")
+    if not isinstance(train, str) or not train:
+        raise ValueError(f"{source}: data.train must be 'teacher' or the path of an SFT file, got {train!r}")
+    if train == "teacher" or data.get("heldout") == "reasoning_gym":
+        for key in ("tasks",) + (("train_size",) if train == "teacher" else ()) + (
+                ("heldout_size",) if data.get("heldout") == "reasoning_gym" else ()):
+            if data.get(key) in (None, "", []):
+                raise ValueError(f"{source}: data.{key} is required with data.train=teacher / "
+                                 f"data.heldout=reasoning_gym")
+    if data.get("filter", "none") not in ("none", "correct", "by_difficulty"):
+        raise ValueError(f"{source}: data.filter={data.get('filter')!r} must be none, correct or by_difficulty")
+
+
+def _device_defaults(trainer_cfg: dict[str, Any]) -> dict[str, Any]:
+    """Resolve ``auto`` (bf16, gradient checkpointing: on with a CUDA GPU) and CPU settings."""
+    import torch
+
+    out = dict(trainer_cfg)
+    gpu = torch.cuda.is_available()
+    for key in _AUTO_FIELDS:
+        if out.get(key) == "auto":
+            out[key] = gpu and (key != "bf16" or torch.cuda.is_bf16_supported())
+    if not gpu:
+        out.setdefault("use_cpu", True)
+        out.setdefault("bf16", False)  # TRL's default is bf16=True, which on CPU means slow autocast
+        if out.get("bf16") or out.get("fp16"):
+            raise ValueError("trainer.bf16 / trainer.fp16 need a GPU; none is visible (use bf16: auto)")
+    return out
+
+
+def _build_datasets(data: dict[str, Any], seed: int):
+    """``(sft_train, heldout_or_None, filter_stats_or_None)`` from the ``data`` section."""
+    from klear.data.rl_data import load_rl_dataset, make_reasoning_gym_dataset
+    from klear.sft.data import filter_sft_dataset, load_sft_file, make_teacher_sft_dataset
+
+    prompt_kwargs = {k: data[k] for k in ("system_prompt", "instruction") if data.get(k) is not None}
+    data_source = data.get("data_source", "math_reasoning_gym")
+    heldout_src = data.get("heldout")
+    stats = None
+    if data["train"] == "teacher":
+        train, heldout = make_teacher_sft_dataset(
+            data["tasks"], train_size=int(data["train_size"]), heldout_size=int(data.get("heldout_size") or 2),
+            seed=seed, data_source=data_source, **prompt_kwargs)
+        if heldout_src != "reasoning_gym":
+            heldout = None
+    else:
+        train = load_sft_file(data["train"])
+        heldout = None
+        if heldout_src == "reasoning_gym":
+            heldout = make_reasoning_gym_dataset(data["tasks"], size=int(data["heldout_size"]), seed=seed + 1,
+                                                 split="test", few_shot=None, data_source=data_source,
+                                                 **prompt_kwargs)
+    if data.get("filter", "none") != "none":
+        train, stats = filter_sft_dataset(train, data["filter"], easy_pass_rate=float(data.get("easy_pass_rate", 0.5)))
+    if heldout_src not in (None, "", "none", "reasoning_gym"):
+        heldout = load_rl_dataset(heldout_src)
+    return train, heldout, stats
+
+
+def format_compliant(text: str) -> bool:
+    """True when a response closes a think block and then gives a non-empty ``\\boxed{}``.
+
+    Precisely: :func:`klear.rewards.math_reward.answer_region` with ``require_think=True`` finds the
+    text after the last ``</think>`` (no unclosed ``<think>`` after it), and that text's last box
+    (:func:`klear.rewards.math_reward.extract_last_boxed`) is closed and non-empty. Correctness is
+    not considered.
+    """
+    from klear.rewards.math_reward import answer_region, extract_last_boxed
+
+    region, _ = answer_region(text, require_think=True)
+    return region is not None and extract_last_boxed(region).status == "ok"
+
+
+def _heldout_eval(model, tokenizer, heldout, eval_cfg: dict, path: Path, *, reuse: bool) -> dict[str, Any]:
+    """Greedy held-out accuracy and format compliance; saved to ``path`` (reused on resume).
+
+    Generation is :func:`klear.sft.generation.greedy_generate` (finished sequences leave the batch);
+    scoring is :func:`klear.rewards.compute_scores` with each row's ``data_source``, and a problem is
+    correct when its reward is 1.0, as in :func:`klear.eval.heldout.evaluate`, whose result layout
+    this follows (plus ``format_ok``, ``format_rate``, ``think_closed_rate``, ``mean_completion_tokens``).
+    """
+    from klear.eval.heldout import CORRECT_SCORE
+    from klear.rewards import compute_scores
+    from klear.sft.generation import greedy_generate
+
+    if reuse and path.is_file():
+        return json.loads(path.read_text())
+    rows = [heldout[i] for i in range(len(heldout))]
+    completions = greedy_generate(model, tokenizer, [r["prompt"] for r in rows],
+                                  max_new_tokens=int(eval_cfg["max_new_tokens"]),
+                                  batch_size=int(eval_cfg["batch_size"]))
+    rewards = [float(x) for x in compute_scores([r["data_source"] for r in rows], completions,
+                                                [r["reward_model"]["ground_truth"] for r in rows],
+                                                [r.get("extra_info") for r in rows])]
+    n = len(rows)
+    result: dict[str, Any] = {"n": n, "correct": [r == CORRECT_SCORE for r in rewards], "rewards": rewards,
+                              "completions": completions,
+                              "prompt_ids": [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]}
+    result["accuracy"] = sum(result["correct"]) / max(1, n)
+    result["format_ok"] = [format_compliant(c) for c in completions]
+    result["format_rate"] = sum(result["format_ok"]) / max(1, n)
+    result["think_closed_rate"] = sum("</think>" in c for c in completions) / max(1, n)
+    result["mean_completion_tokens"] = sum(len(tokenizer(c, add_special_tokens=False)["input_ids"])
+                                           for c in completions) / max(1, n)
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """Two human-readable lines: held-out accuracy and format compliance, before -> after, with 95% CIs."""
+    lines = []
+    for key, name in (("accuracy", "accuracy"), ("format", "format compliance")):
+        r = report[key]
+        lines.append(
+            f"held-out {name} (n={r['n']}): before {r['before']:.3f} -> after {r['after']:.3f}; paired difference "
+            f"{r['mean_diff']:+.3f}, 95% CI [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]; improved {r['n_improved']}, "
+            f"worsened {r['n_worsened']}, McNemar p={r['mcnemar_p']:.2g}")
+    return "\n".join(lines)
+
+
+_SFT_PANELS = [("loss (response-token NLL)", ("loss",)), ("learning rate", ("learning_rate",)),
+               ("grad norm", ("grad_norm",)), ("token accuracy", ("mean_token_accuracy",))]
+
+
+def plot_sft_curves(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, title: str | None = None) -> Path:
+    """Plot loss, learning rate, grad norm and token accuracy vs step from an SFT ``metrics.jsonl``.
+
+    Args:
+        metrics_jsonl: one ``{"step", "loss", "learning_rate", ...}`` object per line (see
+            :func:`klear.utils.plotting.read_metrics` for the lines that are skipped).
+        out_png: output image (parent folders are created).
+        title: figure title (default: the file name).
+
+    Returns:
+        The written PNG path.
+
+    Raises:
+        FileNotFoundError: no such metrics file.
+        ValueError: no row holds any of the plotted keys (the message names the file).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from klear.utils.plotting import read_metrics
+
+    series = read_metrics(metrics_jsonl)
+    panels = [(name, [k for k in keys if series.get(k)]) for name, keys in _SFT_PANELS]
+    panels = [(name, keys) for name, keys in panels if keys]
+    if not panels:
+        raise ValueError(f"{metrics_jsonl}: no plottable rows (need a numeric 'step' and loss / learning_rate)")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.2), squeeze=False)
+    try:
+        for ax, (name, keys) in zip(axes[0], panels):
+            for key in keys:
+                pts = sorted(series[key])
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None,
+                        markersize=3, label=key)
+            ax.set_title(name)
+            ax.set_xlabel("step")
+            ax.grid(True, alpha=0.3)
+            if name == "learning rate":
+                ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+        fig.suptitle(title if title is not None else Path(metrics_jsonl).name)
+        fig.tight_layout()
+        out = Path(out_png)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:
+    """Run the SFT job described by ``config`` (see the module docstring). Returns the ``eval.json`` content.
+
+    Args:
+        config: the recipe (already merged with overrides).
+        source: where it came from, for error messages.
+        resume: ``False``; ``True`` to continue from the latest checkpoint in ``output_dir/checkpoints``;
+            or a checkpoint path.
+
+    Returns:
+        ``{"model", "steps", "train_examples", "filter"?, "accuracy"?, "format"?}``; the last two are
+        :func:`klear.eval.heldout.paired_difference` results (when a held-out set is evaluated).
+
+    Raises:
+        ValueError: an invalid recipe (see :func:`validate_sft_config`) or dataset.
+        FileNotFoundError: ``resume`` was asked but there is no checkpoint, or a data file is missing.
+    """
+    validate_sft_config(config, source)
+    import torch
+    from transformers import AutoTokenizer
+
+    from klear.models.embedded import resolve_model_path
+    from klear.rl.callbacks import MetricsJsonlCallback
+    from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
+
+    out = Path(config["output_dir"])
+    ckpt_dir = out / "checkpoints"
+    if resume is True:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+        if last is None:
+            raise FileNotFoundError(f"--resume: no checkpoint found in {ckpt_dir}")
+        resume = last
+    elif resume and not Path(resume).is_dir():
+        raise FileNotFoundError(f"--resume: checkpoint {resume} does not exist")
+    seed = int(config.get("seed", 0))
+    trainer_cfg = _device_defaults(config["trainer"])
+    trainer_cfg.setdefault("seed", seed)
+    trainer_cfg.setdefault("logging_steps", 1)
+    trainer_cfg.setdefault("report_to", ["tensorboard"])
+    trainer_cfg.setdefault("completion_only_loss", True)
+    try:  # before any heavy work or file is written
+        args = KlearSFTConfig(output_dir=str(ckpt_dir), **trainer_cfg)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{source}: trainer: {e}") from None
+    model_path = resolve_model_path(str(config["model"]))
+
+    t0 = time.time()
+    train, heldout, filter_stats = _build_datasets(config["data"], seed)
+    logger.info("data: %d SFT examples, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0,
+                time.time() - t0)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    if config["data"]["train"] == "teacher":  # generated data: keep it for inspection (a file is already a file)
+        train.to_json(str(out / "sft_data.jsonl"), lines=True, force_ascii=False)
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
+    trainer = KlearSFTTrainer(
+        model=model_path,
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+    )
+
+    eval_cfg = {"enabled": True, "max_new_tokens": 512, "batch_size": 32, **(config.get("eval") or {})}
+    do_eval = heldout is not None and eval_cfg["enabled"]
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    before = None
+    if do_eval:
+        before = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(resume))
+        print(f"held-out before SFT: accuracy {before['accuracy']:.3f}, format compliance "
+              f"{before['format_rate']:.3f} (n={before['n']})", flush=True)
+        model.train()
+
+    trainer.train(resume_from_checkpoint=resume or None)
+    trainer.save_model(str(out / "final"))
+    tokenizer.save_pretrained(str(out / "final"))
+
+    report: dict[str, Any] = {"model": str(config["model"]), "steps": trainer.state.global_step,
+                              "train_examples": len(train)}
+    if filter_stats is not None:
+        report["filter"] = filter_stats
+    if do_eval:
+        from klear.eval.heldout import paired_difference
+
+        after = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_after.json", reuse=False)
+        report["accuracy"] = paired_difference(before["correct"], after["correct"])
+        report["format"] = paired_difference(before["format_ok"], after["format_ok"])
+        report["mean_completion_tokens"] = {"before": before["mean_completion_tokens"],
+                                            "after": after["mean_completion_tokens"]}
+        print(format_report(report), flush=True)
+    (out / "eval.json").write_text(json.dumps(report, indent=2))
+    if (out / "metrics.jsonl").is_file():
+        try:
+            png = plot_sft_curves(out / "metrics.jsonl", out / "training_curves.png", title=str(out))
+            print(f"training curves: {png}", flush=True)
+        except ValueError as e:  # no logged step (e.g. max_steps=0)
+            logger.warning("no plot: %s", e)
+    print(f"SFT model: {out / 'final'}  (continue with: klear rl model={out / 'final'} ...)", flush=True)
+    return report
