@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.klear-installed
 
-.PHONY: install demo test test-slow test-all clean
+.PHONY: install demo demo-sft demo-code test test-slow test-all clean
 
 install: $(STAMP)
 
@@ -22,6 +22,12 @@ $(STAMP): pyproject.toml
 
 demo: install
 	$(VENV)/bin/klear rl --config rl_demo
+
+demo-sft: install
+	$(VENV)/bin/klear sft --config sft_demo
+
+demo-code: install
+	$(VENV)/bin/klear rl --config rl_code_demo
 
 test: install
 	$(PY) -m pytest -q

@@ -221,8 +221,9 @@ class _Cgroup:
     over all of a program's processes (and the tmpfs pages it writes) is capped, not just each
     process's address space. cgroup v1 (``/sys/fs/cgroup/<controller>``) or v2 (unified).
 
-    The zygote gets an open ``cgroup.procs`` descriptor per controller; each child writes ``0``
-    to it (= "move me") before it drops privileges, which works inside bubblewrap's namespaces.
+    The zygote gets an open ``cgroup.procs`` descriptor per controller and writes ``0`` to it
+    (= "move me") once at start, which works inside bubblewrap's namespaces; every child inherits
+    the cgroup at fork. The zygote's own ~30 MiB and one process count towards the caps.
     """
 
     def __init__(self, name: str, memory_bytes: int, pids: int):
@@ -473,7 +474,8 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self.is_root = os.geteuid() == 0
         self._slot = _UidSlot(self.config) if self.is_root else None
-        self._cgroup = (_Cgroup(f"klear-sandbox-{self._slot.uid}", self.config.memory_bytes + self.config.scratch_bytes,
+        self._cgroup = (_Cgroup(f"klear-sandbox-{self._slot.uid}",
+                                self.config.memory_bytes + self.config.scratch_bytes + (64 << 20),
                                 self.config.max_processes + 4) if self._slot else None)
         self._zygote: _Zygote | None = None
         self._workdir: Path | None = None
