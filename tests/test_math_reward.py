@@ -292,12 +292,12 @@ def test_compute_score_dispatch():
 
 
 def test_unknown_data_source_raises():
-    with pytest.raises(ValueError, match=r"codeforces.*math"):
-        compute_score("codeforces", "print(1)", "1")
-    with pytest.raises(ValueError, match="codeforces"):
-        compute_scores(["math", "codeforces"], ["a", "b"], ["1", "1"])
-    with pytest.raises(ValueError, match="codeforces"):
-        get_scorer("codeforces")
+    with pytest.raises(ValueError, match=r"lean4_proofs.*math"):
+        compute_score("lean4_proofs", "print(1)", "1")
+    with pytest.raises(ValueError, match="lean4_proofs"):
+        compute_scores(["math", "lean4_proofs"], ["a", "b"], ["1", "1"])
+    with pytest.raises(ValueError, match="lean4_proofs"):
+        get_scorer("lean4_proofs")
 
 
 def test_register_scorer_and_mixed_batch():
@@ -309,14 +309,14 @@ def test_register_scorer_and_mixed_batch():
             raise RuntimeError("scorer bug")
         return 0.25
 
-    register_scorer("code", code_fn)
+    register_scorer("proof", code_fn)
     try:
-        assert "code" in registered_prefixes() and "math" in registered_prefixes()
+        assert "proof" in registered_prefixes() and "math" in registered_prefixes()
         with pytest.raises(ValueError):
-            register_scorer("code", code_fn)
-        assert compute_score("code_contests", "x", "y") == 0.25
+            register_scorer("proof", code_fn)
+        assert compute_score("proof_contests", "x", "y") == 0.25
         scores = compute_scores(
-            ["math_dapo", "code_contests", "math_dapo", "code_x"],
+            ["math_dapo", "proof_contests", "math_dapo", "proof_x"],
             [boxed("1"), "x", boxed("3"), "boom"],
             ["1", "tests", "2", "tests"],
             timeout_s=2.0,
@@ -324,8 +324,8 @@ def test_register_scorer_and_mixed_batch():
         assert scores == [1.0, 0.25, -1.0, -1.0]  # a raising scorer costs only its own item
         assert all(kw.get("timeout_s") == 2.0 for _, kw in calls[1:])
     finally:
-        unregister_scorer("code")
-    assert "code" not in registered_prefixes()
+        unregister_scorer("proof")
+    assert "proof" not in registered_prefixes() and "code" in registered_prefixes()
 
 
 def test_compute_scores_length_mismatch():

@@ -193,15 +193,32 @@ SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 SANDBOX_CWD = "/tmp/work"  # a run's working directory inside the sandbox (root modes)
 
 
+PROTECTED = set()  # scratch entries that hold interpreter directories (never emptied)
+
+
 def _mount_scratch(scratch_bytes):
     """Root only, once per zygote: size-limited tmpfs (RAM, bounded) at /tmp, /var/tmp and
-    /dev/shm of the children's view, emptied between runs by :func:`_reset_scratch`."""
+    /dev/shm of the children's view, emptied between runs by :func:`_reset_scratch`. Interpreter
+    directories that live below them (a venv under /tmp) are bound back read-only on top."""
     libc = _libc()
     base = NEWROOT or ""
-    for d in SCRATCH_DIRS:
-        if os.path.isdir(base + d):
+    needed = needed_paths(os.path.dirname(os.path.abspath(__file__)))
+    old_umask = os.umask(0o022)
+    try:
+        for d in SCRATCH_DIRS:
+            if not os.path.isdir(base + d):
+                continue
+            keep = [(p, os.open(base + p, os.O_PATH | os.O_DIRECTORY)) for p in needed if p.startswith(d + "/")]
             _mount(libc, "tmpfs", base + d, "tmpfs", MS_NOSUID | MS_NODEV,
                    f"size={int(scratch_bytes)},nr_inodes=16384,mode=1777")
+            for p, fd in keep:
+                os.makedirs(base + p, mode=0o755, exist_ok=True)
+                _mount(libc, f"/proc/self/fd/{fd}", base + p, None, MS_BIND | MS_REC, None)
+                _mount(libc, None, base + p, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, None)
+                os.close(fd)
+                PROTECTED.add(base + d + "/" + p[len(d) + 1:].split("/")[0])
+    finally:
+        os.umask(old_umask)
 
 
 def _reset_scratch(uid):
@@ -215,6 +232,8 @@ def _reset_scratch(uid):
         except OSError:
             continue
         for e in entries:
+            if e.path in PROTECTED:
+                continue
             try:
                 if e.is_dir(follow_symlinks=False):
                     shutil.rmtree(e.path, ignore_errors=True)
