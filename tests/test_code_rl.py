@@ -74,3 +74,31 @@ def test_tiny_code_rl_run(tmp_path, tiny_model):
     assert report["steps"] == 1 and report["n"] == 2
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("reward" in r for r in rows)
+
+
+@pytest.mark.parametrize("patch, match", [
+    ({"trainer": {"num_generations": 0}}, r"trainer\.num_generations=0 must be an integer >= 2"),
+    ({"seed": "abc"}, r"seed='abc' must be an integer"),
+    ({"eval": {"max_new_tokens": "abc"}}, r"eval\.max_new_tokens='abc'"),
+    ({"data": {"train": "x.jsonl", "train_size": 0}}, r"data\.train_size=0"),
+])
+def test_job_values_are_checked_before_any_work(patch, match):
+    base = {"model": "m", "output_dir": "o", "data": {"train": "x.jsonl"}, "trainer": {}}
+    with pytest.raises(ValueError, match=match):
+        validate_job_config({**base, **patch})
+
+
+def test_humaneval_heldout_needs_humaneval_train():
+    from klear.rl.job import _build_datasets
+
+    with pytest.raises(ValueError, match="data.heldout=humaneval"):
+        _build_datasets({"train": "mine.jsonl", "heldout": "humaneval"}, 0)
+
+
+def test_unknown_data_source_fails_at_load_naming_the_row(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    rows = [_row({"format": "stdio", "inputs": ["1"], "outputs": ["1"]}, 0),
+            {"prompt": "q", "data_source": "cdoe_x", "reward_model": {"ground_truth": "1"}}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"rows.jsonl: row 1: field 'data_source' is 'cdoe_x', which no reward scorer"):
+        load_rl_file(path)

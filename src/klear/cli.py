@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train with GPPO. Overrides use dotted keys, e.g. trainer.learning_rate=1e-6 data.train=x.jsonl",
     )
     rl.add_argument("--config", default="rl_demo",
-                    help="a YAML recipe path, or a shipped recipe name (rl_demo, rl_math_klear); default rl_demo")
+                    help="a YAML recipe path, or a shipped recipe name (rl_demo, rl_math_klear, rl_code_demo, rl_code_klear); default rl_demo")
     rl.add_argument("--output-dir", default=None, help="run directory (overrides output_dir)")
     rl.add_argument("--resume", action="store_true",
                     help="continue from the latest checkpoint in <output_dir>/checkpoints")

@@ -106,7 +106,7 @@ def _select(ns: argparse.Namespace) -> int:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``klear data`` (with its sub-commands) to the ``klear`` parser."""
     data = subparsers.add_parser("data", help="data curation: dedup, decontaminate, filter, select",
-                                 description=__doc__.split("\n\n")[0])
+                                 description=__doc__.split("\n\n")[0].replace("``", ""))
     sub = data.add_subparsers(dest="data_command", required=True)
 
     p = sub.add_parser("dedup", help="drop exact duplicates (NFKC, casefold, whitespace); keeps the first")

@@ -402,6 +402,17 @@ def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str]:
     return text, style
 
 
+def _check_scorer(where: str, data_source: str) -> None:
+    """A data source no reward scorer handles fails at load time, not after the first rollout."""
+    from klear.rewards import get_scorer, registered_prefixes
+
+    try:
+        get_scorer(data_source)
+    except ValueError:
+        raise ValueError(f"{where}: field 'data_source' is {data_source!r}, which no reward scorer handles "
+                         f"(expected a name starting with one of {registered_prefixes()})") from None
+
+
 def _is_code_source(data_source: str) -> bool:
     from klear.rewards import get_scorer
     from klear.rewards.code_reward import code_score
@@ -502,6 +513,7 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
             ground_truth, style = _check_code_ground_truth(where, rec.get("reward_model"), rec.get("extra_info"))
         else:
             ground_truth, style = _check_ground_truth(where, rec.get("reward_model"))
+        _check_scorer(where, data_source)
 
         extra = rec.get("extra_info")
         if extra is None:

@@ -36,7 +36,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "eval",
         help="evaluate a checkpoint: avg@n, pass@k (AIME, HMMT, LiveCodeBench, HumanEval, JSONL files)",
         description="Sample n responses per problem (default: the paper's protocol, temperature 0.6, top-p 0.95, "
-                    "32K tokens, n=64), judge them with the RL rewards, and report avg@n with a 95%% interval, "
+                    "32K tokens, n=64), judge them with the RL rewards, and report avg@n with a 95% interval, "
                     "pass@k and more. Re-running with the same --output resumes.",
     )
     src = p.add_argument_group("what to evaluate")

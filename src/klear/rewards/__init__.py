@@ -144,7 +144,11 @@ def compute_score(
         solution_str: the decoded response.
         ground_truth: the reference answer (``reward_model.ground_truth``).
         extra_info: verl's per-row extra info, passed through to the scorer.
-        **kwargs: scorer options (math: ``require_think``, ``timeout_s``).
+        **kwargs: scorer options (math: ``require_think``, ``timeout_s``; code: ``reward_mode``
+            ``"soft"``/``"hard"``, ``require_think``, ``time_limit_s`` per test (default 6),
+            ``timeout_s`` per response (default 120), ``stop_on_first_failure``). Options a
+            scorer does not know are ignored (verl passes one set of options to every scorer),
+            so check the spelling.
 
     Returns:
         The scorer's float reward; for math ``1.0`` (correct) or ``-1.0`` (anything

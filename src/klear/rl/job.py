@@ -67,6 +67,26 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     if mode not in ("soft", "hard"):
         raise ValueError(f"{source}: reward.reward_mode={mode!r} must be 'soft' or 'hard'")
     _check_keys(config.get("eval") or {}, _EVAL_KEYS, "'eval'", source)
+
+    def _int(where: str, value: Any, minimum: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{source}: {where}={value!r} must be an integer >= {minimum}")
+
+    if "seed" in config:
+        _int("seed", config["seed"], 0)
+    for key in ("train_size", "heldout_size"):
+        if key in config["data"]:
+            _int(f"data.{key}", config["data"][key], 0 if key == "heldout_size" else 1)
+    for key in ("max_new_tokens", "batch_size"):
+        if key in (config.get("eval") or {}):
+            _int(f"eval.{key}", config["eval"][key], 1)
+    if config.get("eval") and "enabled" in config["eval"] and not isinstance(config["eval"]["enabled"], bool):
+        raise ValueError(f"{source}: eval.enabled={config['eval']['enabled']!r} must be true or false")
+    for key, minimum in (("num_generations", 2), ("per_device_train_batch_size", 1),
+                         ("gradient_accumulation_steps", 1), ("steps_per_generation", 1),
+                         ("max_completion_length", 1)):
+        if config["trainer"].get(key) is not None:
+            _int(f"trainer.{key}", config["trainer"][key], minimum)
     from klear.rl.trainer import GPPOConfig
 
     fields = {f.name: f for f in dataclasses.fields(GPPOConfig)}
@@ -88,6 +108,9 @@ def _build_datasets(data: dict[str, Any], seed: int):
     from klear.data.rl_data import load_rl_dataset, make_reasoning_gym_dataset, make_train_and_heldout
 
     train_src, heldout_src = data.get("train", "reasoning_gym"), data.get("heldout")
+    if heldout_src == "humaneval" and train_src != "humaneval":
+        raise ValueError("data.heldout=humaneval is a split of data.train=humaneval; with your own training file "
+                         "set data.heldout to a file of held-out problems or to none")
     if train_src == "humaneval":
         from klear.data.code_data import make_humaneval_datasets
 
