@@ -188,18 +188,26 @@ def _sandbox_root() -> Path:
 
 
 def _remove_stale_dirs(root: Path) -> None:
-    """Remove ``run-pid<N>`` directories of processes that no longer exist."""
-    for e in root.glob("run-pid*"):
-        try:
-            pid = int(e.name[len("run-pid"):])
-        except ValueError:
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(e, ignore_errors=True)
-        except PermissionError:
-            pass
+    """Remove ``run-pid<N>`` staging directories and the (empty) ``.root-<N>`` mount points of
+    native-mode zygotes whose processes no longer exist."""
+    for pattern, prefix in (("run-pid*", "run-pid"), (".root-*", ".root-")):
+        for e in root.glob(pattern):
+            try:
+                pid = int(e.name[len(prefix):])
+            except ValueError:
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                if prefix == ".root-":
+                    try:
+                        e.rmdir()  # only ever an empty mount point on the host side
+                    except OSError:
+                        pass
+                else:
+                    shutil.rmtree(e, ignore_errors=True)
+            except PermissionError:
+                pass
 
 
 def _uid_in_use(uid: int) -> bool:
@@ -479,6 +487,7 @@ class Sandbox:
                                 self.config.max_processes + 4) if self._slot else None)
         self._zygote: _Zygote | None = None
         self._workdir: Path | None = None
+        _remove_stale_dirs(_sandbox_root())
         self._ensure()
         if self.uid is not None:
             self.reap()  # leftovers from an earlier holder of this uid
@@ -539,7 +548,13 @@ class Sandbox:
                     self.reap()
                 except (OSError, SandboxError):
                     pass
+            zpid = self._zygote.hello.get("pid")
             self._zygote.close()
+            if zpid:
+                try:
+                    (_sandbox_root() / f".root-{zpid}").rmdir()
+                except OSError:
+                    pass
         self._zygote = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -568,8 +583,6 @@ class Sandbox:
             # one directory per uid slot (root) or per process: reused, never leaked by dead workers
             name = f"run-uid{self.uid}" if self.uid is not None else f"run-pid{os.getpid()}"
             d = self._workdir = _sandbox_root() / name
-            if not self.is_root:
-                _remove_stale_dirs(_sandbox_root())
         if d.is_symlink() or (d.exists() and not d.is_dir()):
             d.unlink()
         d.mkdir(mode=0o700, exist_ok=True)
