@@ -7,7 +7,8 @@ wins (case-sensitive). Registered here:
 - ``"math"`` -> :func:`klear.rewards.math_reward.math_score` (Klear's
   ``math_longcot_math_verify``, ``math_dapo``, ``math500``, ...). For data sources whose
   name contains ``"longcot"`` the think block is required by default (Klear's
-  ``is_longcot=True``); pass ``require_think=`` to override.
+  ``is_longcot=True``); pass ``require_think=`` to override. The format rule (one closed
+  think block, then the answer) is :mod:`klear.rewards.think_format`, shared with code.
 
 Other rewards (e.g. code) add themselves with :func:`register_scorer`. A scorer is
 ``fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float`` and
@@ -45,6 +46,7 @@ from klear.rewards.math_reward import (
     math_score_detailed,
     shutdown_math_pool,
 )
+from klear.rewards.think_format import requires_think
 
 logger = logging.getLogger(__name__)
 
@@ -239,10 +241,6 @@ def compute_scores(
 # ------------------------------------------------------------------ math registration
 
 
-def _math_think_default(data_source: str, require_think: bool | None) -> bool:
-    return ("longcot" in data_source) if require_think is None else bool(require_think)
-
-
 def _gold_alternatives(ground_truth: Any) -> list[Any] | None:
     """Several acceptable answers: a list, or its JSON text (``'["1/2", "0.5"]'``, as ``klear.data`` stores
     lists). None for an ordinary single ground truth."""
@@ -277,7 +275,7 @@ def _math_entry(
     return math_score(
         solution_str,
         ground_truth,
-        require_think=_math_think_default(data_source, require_think),
+        require_think=requires_think(data_source, require_think),
         timeout_s=timeout_s,
     )
 
@@ -301,7 +299,7 @@ def _math_batch_entry(
             owner.append(i)
             sols.append(sol)
             golds.append(gold)
-            thinks.append(_math_think_default(ds, require_think))
+            thinks.append(requires_think(ds, require_think))
     flat = math_score_batch(sols, golds, require_think=thinks, timeout_s=timeout_s, max_workers=max_workers)
     out = [WRONG_REWARD] * len(solution_strs)
     for i, score in zip(owner, flat):

@@ -457,6 +457,30 @@ def _run_stdio_program(src, path):
     _flush_and_exit(code)
 
 
+class _PackageGate:
+    """Import hook (first on ``sys.meta_path``): a top-level module that is neither in the standard
+    library nor in the allowed packages is not found, as on a judge that does not install it.
+    Submodules follow their top-level package; modules already imported are untouched."""
+
+    def __init__(self, allowed):
+        self.allowed = frozenset(allowed)
+        self.stdlib = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset(sys.builtin_module_names)
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in self.allowed or top in self.stdlib:
+            return None  # let the normal finders look for it
+        raise ModuleNotFoundError(
+            f"No module named {top!r} (the judge allows the standard library and: "
+            f"{', '.join(sorted(self.allowed)) or 'nothing else'})", name=top)
+
+
+def _restrict_imports(allowed):
+    """Install :class:`_PackageGate` unless *allowed* is None (no rule). Python >= 3.10."""
+    if allowed is not None and hasattr(sys, "stdlib_module_names"):
+        sys.meta_path.insert(0, _PackageGate(allowed))
+
+
 # ------------------------------------------------------------------------------ rpc mode
 # Values cross the pipe as tagged JSON (see klear.rewards.code_reward for the trusted decoder).
 
@@ -715,6 +739,7 @@ def _child(req, fds, is_root):
         if hasattr(sys, "set_int_max_str_digits"):
             sys.set_int_max_str_digits(0)
         sys.setrecursionlimit(int(req.get("recursion_limit", 10000)))
+        _restrict_imports(req.get("allowed_packages"))
         _fresh_stdio()
         if req["mode"] == "stdio":
             if sources["program"] is None:

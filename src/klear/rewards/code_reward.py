@@ -1,4 +1,4 @@
-"""Code reward: run a model-written program on a problem's tests in the sandbox (spec Sec. 4).
+"""Code reward: run a model-written program on a problem's tests in the sandbox (paper Sec. 3.2.4).
 
 **Reward.** ``soft`` (the paper's default) = passed / total, in ``[0, 1]`` (4 of 16 -> 0.25);
 ``hard`` = ``+1`` if every test passes, else ``-1``. Every test counts in the denominator: a
@@ -6,16 +6,18 @@ compile error, crash, time-out, output flood or a test skipped after the program
 ran out is a failed test, never an exception in the trainer.
 
 **Program.** The last fenced code block tagged ``python`` / ``py`` / ``python3`` (else the last
-untagged block) in the text after the last ``</think>``; a trailing block in another language
-(```` ```text ````, ```` ```bash ````) is never taken. With ``require_think`` (default for data sources
-containing ``"longcot"``, as for math) a response without a closed think block scores as "no code".
+untagged block) in the text after the think block; a trailing block in another language
+(```` ```text ````, ```` ```bash ````) is never taken. The think format is the math reward's
+(:func:`klear.rewards.think_format.answer_region`: one closed think block, then the answer); a
+response that breaks it (unclosed or several think blocks), or has no think block under
+``require_think`` (default for data sources containing ``"longcot"``), scores as "no code".
 
 **Ground truth layouts** (``reward_model.ground_truth``: a dict or its JSON text):
 
 ``stdio`` (Codeforces, TACO, APPS, CodeContests, LiveCodeBench "stdin")::
 
     {"format": "stdio", "inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...],
-     "float_tol": 1e-6, "time_limit_s": 6}
+     "float_tol": 1e-6, "time_limit_s": 6, "case_insensitive": false}
 
   Also accepted: ``{"inputs": [...], "outputs": [...]}`` without ``fn_name`` and a list of
   ``{"input": ..., "output": ...}``. Outputs are compared token by token (whitespace and blank
@@ -23,6 +25,11 @@ containing ``"longcot"``, as for math) a response without a closed think block s
   floats, at least one is written as a non-integer, and they agree within
   ``float_tol`` (absolute or relative; default ``1e-6``; ``0`` = numeric equality). Integer tokens
   compare as text, so arbitrarily long integers work. Each test is a fresh process.
+
+  ``case_insensitive`` (default ``false``; also for ``call``): tokens (``call``: strings) that
+  differ only in letter case match (``casefold``), for statements such as Codeforces' "You can
+  output YES and NO in any case". It applies to EVERY token of the output, so set it only for
+  problems whose statement says so; by default comparison is case-sensitive.
 
 ``call`` (LiveCodeBench "functional", LeetCode, TACO/APPS with ``fn_name``)::
 
@@ -58,8 +65,13 @@ markers, redefining ``print``/``exit``/``__eq__`` or a test helper cannot make a
 test code comes from the dataset (like the expected outputs) and is trusted; only model-written
 code is confined.
 
+**Packages.** Programs may import the standard library and the sandbox's allowed packages
+(:data:`klear.rewards.sandbox.DEFAULT_ALLOWED_PACKAGES`: ``sortedcontainers``, which LeetCode's
+judge provides, and ``numpy``; ``sandbox_config=SandboxConfig(allowed_packages=...)`` changes the
+set, ``None`` allows everything installed). Any other import fails like a missing package.
+
 **Canary.** Every batch also scores known-correct programs (stdin, call, and numpy when it is
-installed) under the same limits; if one fails, :class:`~klear.rewards.sandbox.SandboxError` is
+installed and allowed) under the same limits; if one fails, :class:`~klear.rewards.sandbox.SandboxError` is
 raised instead of silently returning zeros (e.g. an address-space limit the interpreter cannot
 live with).
 """
@@ -85,6 +97,7 @@ from typing import Any
 
 from klear.rewards._timeout import TaskOutcome, TimedProcessPool, limit_worker_memory
 from klear.rewards.sandbox import RpcChannel, Sandbox, SandboxConfig, SandboxError, get_sandbox
+from klear.rewards.think_format import answer_region, requires_think
 
 logger = logging.getLogger(__name__)
 
@@ -120,11 +133,12 @@ def _fenced_blocks(text: str):
 
 
 def extract_code(solution_str: str, *, require_think: bool = False) -> str | None:
-    """The program in a response: the last ``python``-tagged fenced block after ``</think>``.
+    """The program in a response: the last ``python``-tagged fenced block after the think block.
 
     Args:
         solution_str: the decoded response.
-        require_think: if True, a response without ``</think>`` has no program.
+        require_think: if True, a response without a think block has no program. A response that
+            breaks the think format (:func:`~klear.rewards.think_format.answer_region`) never has one.
 
     Returns:
         The code (str) or ``None`` when there is no usable block. Untagged blocks are used only
@@ -132,9 +146,8 @@ def extract_code(solution_str: str, *, require_think: bool = False) -> str | Non
     """
     if not isinstance(solution_str, str):
         return None
-    if "</think>" in solution_str:
-        solution_str = solution_str.rsplit("</think>", 1)[1]
-    elif require_think or "<think>" in solution_str:
+    solution_str, _ = answer_region(solution_str, require_think=require_think)
+    if solution_str is None:
         return None
     tagged, untagged = None, None
     for tag, content in _fenced_blocks(solution_str):
@@ -166,6 +179,7 @@ class CodeTests:
     setup: str = ""
     float_tol: float = DEFAULT_FLOAT_TOL
     time_limit_s: float | None = None
+    case_insensitive: bool = False
 
     @property
     def total(self) -> int:
@@ -232,7 +246,13 @@ def parse_ground_truth(ground_truth: Any, extra_info: dict | None = None) -> Cod
     setup = gt.get("setup", "") or ""
     if not isinstance(setup, str):
         raise ValueError("ground_truth.setup must be a string")
-    common = dict(prefix=prefix, setup=setup, float_tol=float(tol), time_limit_s=None if tl is None else float(tl))
+    caseless = gt.get("case_insensitive", False)
+    if not isinstance(caseless, bool):
+        raise ValueError(f"ground_truth.case_insensitive must be true or false, got {caseless!r}")
+    if caseless and fmt == "assert":
+        raise ValueError("ground_truth.case_insensitive applies to 'stdio' and 'call' tests, not 'assert'")
+    common = dict(prefix=prefix, setup=setup, float_tol=float(tol), time_limit_s=None if tl is None else float(tl),
+                  case_insensitive=caseless)
     if fmt == "stdio":
         inputs = _as_str_list(gt.get("inputs"), "inputs")
         outputs = _as_str_list(gt.get("outputs"), "outputs")
@@ -305,13 +325,15 @@ def _close(a: float, b: float, tol: float) -> bool:
     return a == b or abs(a - b) <= tol * max(1.0, abs(b))
 
 
-def outputs_match(actual: str | bytes, expected: str, float_tol: float = DEFAULT_FLOAT_TOL) -> bool:
+def outputs_match(actual: str | bytes, expected: str, float_tol: float = DEFAULT_FLOAT_TOL,
+                  case_insensitive: bool = False) -> bool:
     """Token-wise comparison of a program's stdout with the expected output.
 
     Whitespace (trailing spaces, blank lines, ``\\r``) never matters. Tokens equal as text match.
     An expected integer token must be matched exactly (as text: 5000-digit integers are fine, and
     ``1000000000.0`` never passes for ``1000000007``). Otherwise, when the expected token is a
     non-integer number, both must parse as finite floats with ``|a - b| <= float_tol * max(1, |b|)``.
+    With ``case_insensitive`` tokens equal after ``str.casefold`` match too (``yes`` for ``YES``).
     """
     if isinstance(actual, bytes):
         actual = actual.decode("utf-8", errors="replace")
@@ -322,7 +344,7 @@ def outputs_match(actual: str | bytes, expected: str, float_tol: float = DEFAULT
     for x, y in itertools.zip_longest(a, e, fillvalue=missing):
         if x is missing or y is missing:
             return False
-        if x == y:
+        if x == y or (case_insensitive and x.casefold() == y.casefold()):
             continue
         if _is_int_token(y):  # an integer answer must be printed exactly (1e9 is not 1000000007)
             return False
@@ -332,10 +354,12 @@ def outputs_match(actual: str | bytes, expected: str, float_tol: float = DEFAULT
     return True
 
 
-def values_match(actual: Any, expected: Any, float_tol: float = DEFAULT_FLOAT_TOL) -> bool:
+def values_match(actual: Any, expected: Any, float_tol: float = DEFAULT_FLOAT_TOL,
+                 case_insensitive: bool = False) -> bool:
     """Equality for call-based results: tuples compare as lists, an expected float is matched within
     ``float_tol`` by an int or float, an expected int only by the same int (bools are never
-    numbers here). *actual* must already be plain data (decoded)."""
+    numbers here); with ``case_insensitive`` strings (not dict keys) equal after ``casefold``
+    match. *actual* must already be plain data (decoded)."""
     if isinstance(actual, tuple):
         actual = list(actual)
     if isinstance(expected, tuple):
@@ -347,9 +371,13 @@ def values_match(actual: Any, expected: Any, float_tol: float = DEFAULT_FLOAT_TO
     if isinstance(actual, (int, float)) and isinstance(expected, float):
         return math.isfinite(actual) and math.isfinite(expected) and _close(float(actual), float(expected), float_tol)
     if isinstance(actual, list) and isinstance(expected, list):
-        return len(actual) == len(expected) and all(values_match(x, y, float_tol) for x, y in zip(actual, expected))
+        return len(actual) == len(expected) and all(values_match(x, y, float_tol, case_insensitive)
+                                                    for x, y in zip(actual, expected))
     if isinstance(actual, dict) and isinstance(expected, dict):
-        return actual.keys() == expected.keys() and all(values_match(actual[k], expected[k], float_tol) for k in actual)
+        return actual.keys() == expected.keys() and all(
+            values_match(actual[k], expected[k], float_tol, case_insensitive) for k in actual)
+    if case_insensitive and type(actual) is str and type(expected) is str:
+        return actual.casefold() == expected.casefold()
     return type(actual) in (str, type(None), set, frozenset) and actual == expected
 
 
@@ -674,7 +702,7 @@ def _run_stdio_tests(box: Sandbox, wd: Path, prog: Path, tests: CodeTests, limit
         if r.status != "ok":
             statuses.append(r.status)
             detail = detail or r.stderr.decode("utf-8", "replace")[-500:]
-        elif outputs_match(r.stdout, exp, tests.float_tol):
+        elif outputs_match(r.stdout, exp, tests.float_tol, tests.case_insensitive):
             statuses.append("pass")
         else:
             statuses.append("wrong_answer")
@@ -756,7 +784,7 @@ def _one_rpc_test(session: _Session, tests: CodeTests, i: int, base_ns: dict) ->
         else:
             raise RemoteError(f"the program defines neither class Solution nor {fn}()")
         result = func(*tests.inputs[i])
-        return values_match(result, tests.outputs[i], tests.float_tol)
+        return values_match(result, tests.outputs[i], tests.float_tol, tests.case_insensitive)
     # assert-style: trusted test code, proxies for what the program defines
     # Which of the program's names the (trusted) test code sees, as proxies:
     # - the entry point, and the ``functions`` the ground truth lists when the program defines them
@@ -850,13 +878,14 @@ _CANARY_CALL = "class Solution:\n    def add(self, a, b):\n        return a + b\
 _CANARY_NUMPY = "import numpy as np\na = np.arange(64.0).reshape(8, 8)\nprint(int((a @ a).trace()))\n"
 
 
-def _canaries() -> list[tuple[str, str, dict]]:
+def _canaries(config: SandboxConfig) -> list[tuple[str, str, dict]]:
     out = [
         ("stdio", f"```python\n{_CANARY_STDIO}```", {"format": "stdio", "inputs": ["3 4\n"], "outputs": ["7\n"]}),
         ("call", f"```python\n{_CANARY_CALL}```",
          {"format": "call", "fn_name": "add", "inputs": [[2, 3], [[1], [2]]], "outputs": [5, [1, 2]]}),
     ]
-    if find_spec("numpy") is not None:
+    numpy_allowed = config.allowed_packages is None or "numpy" in config.allowed_packages
+    if numpy_allowed and find_spec("numpy") is not None:
         import numpy as np
 
         a = np.arange(64.0).reshape(8, 8)
@@ -962,7 +991,7 @@ def code_score_batch_detailed(
     config = sandbox_config or SandboxConfig()
     items = [(s, g, e, reward_mode, t, stop_on_first_failure, config)
              for s, g, e, t in zip(solution_strs, ground_truths, extra_infos, thinks)]
-    canaries = _canaries() if canary else []
+    canaries = _canaries(config) if canary else []
     items += [(resp, gt, None, "soft", False, False, config) for _, resp, gt in canaries]
     pool = get_code_pool()
     if max_workers is not None:
@@ -999,7 +1028,7 @@ def code_score_detailed(
 ) -> CodeScoreResult:
     """Score one response (see :func:`code_score_batch_detailed`); ``require_think`` defaults to
     ``"longcot" in data_source``."""
-    think = ("longcot" in data_source) if require_think is None else bool(require_think)
+    think = requires_think(data_source, require_think)
     return code_score_batch_detailed([solution_str], [ground_truth], [extra_info], reward_mode=reward_mode,
                                      require_think=think, stop_on_first_failure=stop_on_first_failure,
                                      sandbox_config=sandbox_config, canary=canary)[0]
@@ -1070,7 +1099,7 @@ def code_score_batch(
     **_ignored: Any,
 ) -> list[float]:
     """Batch form of :func:`code_score` (the registry's ``batch_fn``); one canary set per call."""
-    thinks = [("longcot" in ds) if require_think is None else bool(require_think) for ds in data_sources]
+    thinks = [requires_think(ds, require_think) for ds in data_sources]
     cfg = _config_from_kwargs(sandbox_config, time_limit_s, timeout_s)
     res = code_score_batch_detailed(solution_strs, ground_truths, extra_infos, reward_mode=reward_mode,
                                     require_think=thinks, stop_on_first_failure=stop_on_first_failure,

@@ -8,13 +8,13 @@ never scores better than a wrong one.
 
 Pipeline (:func:`math_score_detailed`):
 
-1. **Think block.** If the response contains ``</think>``, only the text after the LAST
-   ``</think>`` is searched for the answer. A response that opens ``<think>`` and never
-   closes it (the last ``<think>`` comes after the last ``</think>``, or there is no
-   ``</think>``) was cut off while thinking: ``-1`` (reason ``"unclosed_think"``), in
-   every mode. With ``require_think=True`` a response without ``</think>`` scores ``-1``
-   (reason ``"missing_think"``); the opening ``<think>`` is optional because many chat
-   templates put it in the prompt.
+1. **Think block** (:func:`klear.rewards.think_format.answer_region`, shared with the code
+   reward). Klear's format: ONE closed think block, then the answer; the answer is searched in
+   the text after ``</think>``. In every mode a response whose ``<think>`` is never closed
+   (reason ``"unclosed_think"``: cut off while thinking) or that has more than one ``<think>`` or
+   ``</think>`` (``"multiple_think"``) scores ``-1``. With ``require_think=True`` a response
+   without ``</think>`` scores ``-1`` (``"missing_think"``); the opening ``<think>`` is optional
+   because many chat templates put it in the prompt.
 2. **Final answer** (:func:`extract_last_boxed`). The answer is the content of the LAST
    top-level ``\\boxed{...}`` / ``\\fbox{...}`` (``\\boxed 18`` also works), found with a
    brace-matching scan (escaped ``\\{``/``\\}`` do not count). Earlier boxes are ignored
@@ -23,15 +23,41 @@ Pipeline (:func:`math_score_detailed`):
    unclosed last box or an empty box all score ``-1``.
 3. **Fast path.** When the ground truth is a plain number (``-?\\d+(\\.\\d+)?``) and the
    boxed content is the identical string, the answer is correct without further work.
-4. **math-verify**, in a worker process with a wall-clock limit (see ``_timeout``):
-   the gold is parsed as ``\\boxed{<gold>}`` and the prediction as ``\\boxed{<answer>}``,
-   both with ``[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]``;
-   then ``verify(gold, pred)`` is called GOLD FIRST (verify is not symmetric), with
-   ``float_rounding=6`` and ``numeric_precision=100`` (see :data:`NUMERIC_PRECISION`)
-   and math-verify's signal-based timeouts disabled (``parsing_timeout=None``,
-   ``timeout_seconds=None``): the worker pool enforces the limit instead, so scoring
-   works from any thread. A timeout, a crashed worker or any exception scores ``-1``
-   and logs a warning; nothing is raised to the caller.
+4. **Comparison** (:func:`verify_answer`), in a worker process with a wall-clock limit (see
+   ``_timeout``). ``\\mathrm{e}`` / ``\\mathrm{i}`` are read as Euler's number and the imaginary
+   unit (:func:`upright_constants`). Then, in order:
+
+   a. **Same text** (:func:`same_text`): equal when both read the same without formatting
+      (``\\text{}``/``\\mathrm{}`` wrappers, ``$``, spacing, whitespace, trailing periods):
+      ``4:30 \\text{ p.m.}`` == ``\\text{4:30 p.m.}``; case-insensitive for ``\\text`` golds.
+   b. **Bases** (:func:`compare_base_numerals`): when a numeral carries a base subscript, equal
+      means the same digits and, where both write one, the same base: ``52_8`` == ``52_{8}`` ==
+      ``52``, but ``52_8`` != ``52_9`` and != ``42_{10}``.
+   c. **math-verify**: the gold is parsed as ``\\boxed{<gold>}`` and the prediction as
+      ``\\boxed{<answer>}``, both with ``[LatexExtractionConfig(boxed_match_priority=0),
+      ExprExtractionConfig()]``; then ``verify(gold, pred)`` is called GOLD FIRST (verify is not
+      symmetric) with ``numeric_precision=100`` (:data:`NUMERIC_PRECISION`) and
+      ``allow_set_relation_comp=True``: an inequality in one variable equals the interval it
+      describes, either way round (``x \\geq \\sqrt{2}`` == ``[\\sqrt{2}, \\infty)``), and
+      inequalities joined by "or" are their union (``x<2 \\text{ or } x>3`` ==
+      ``(-\\infty,2)\\cup(3,\\infty)``; "and" is left to math-verify, which drops it).
+      math-verify's numeric test is replaced (:func:`_numeric_eq`, also inside tuples, sets,
+      intervals and matrices): integers and fractions compare exactly (an integer gold is
+      never matched by a rounded decimal); a decimal, or an expression that evaluates to a
+      number, compares with the RELATIVE tolerance :data:`NUMERIC_REL_TOL` (``5e-10``), so a
+      different last significant digit is wrong (``.0000673`` != ``.0000672``, ``0.000067`` !=
+      ``.0000672``); exact expressions are different when their values differ relatively by
+      more than :data:`EXACT_REL_TOL` (``1e-50``), so tiny values are not all equal
+      (``1/2006!`` != ``1/2004!``), and closer ones keep math-verify's exact tests; a decimal
+      matches an exact irrational or repeating value only when it agrees to about 10
+      significant digits: ``0.5`` == ``\\frac12`` and ``0.75`` == ``\\frac34``, but ``0.3333``
+      and ``0.333333`` != ``\\frac13`` and ``3.141593`` != ``\\pi``. What math-verify already did
+      stays: thousands separators, ``\\dfrac``, units and degree signs stripped, ``x=5`` == ``5``.
+
+   math-verify's signal-based timeouts are disabled (``parsing_timeout=None``,
+   ``timeout_seconds=None``): the worker pool enforces the limit instead, so scoring works from
+   any thread. A timeout, a crashed worker or any exception scores ``-1`` and logs a warning;
+   nothing is raised to the caller.
 5. **Ground truth** that is ``None``/empty/not a string or number, or from which
    math-verify extracts no expression (only a raw-string fallback or nothing), is a
    DATA error: a warning naming it is logged once per distinct gold and the reward is
@@ -50,6 +76,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klear.rewards._timeout import TaskOutcome, TimedProcessPool, limit_worker_memory
+from klear.rewards.think_format import THINK_CLOSE, THINK_OPEN, answer_region  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -57,16 +84,15 @@ CORRECT_REWARD = 1.0
 WRONG_REWARD = -1.0
 #: Default wall-clock limit (seconds) for parsing + verifying one answer.
 DEFAULT_TIMEOUT_S = 5.0
-#: math-verify ``float_rounding``: decimals kept when a float is compared (0.333333 == 1/3).
+#: math-verify ``float_rounding`` (decimal places kept when a float is compared). Passed for
+#: completeness only: its one use, ``sympy_numeric_eq``, is replaced by the relative rule
+#: (:data:`NUMERIC_REL_TOL`, :func:`_numeric_eq`).
 FLOAT_ROUNDING = 6
 #: math-verify ``numeric_precision``. Its default (15) compares non-atomic expressions with
 #: ``(a - b).evalf(n=15, chop=True) == 0`` and ``chop`` zeroes any difference below
 #: roughly 1e-17, so ``1/2^{99}`` "equals" ``1/2^{98}``. At 100 digits only differences
 #: below roughly 1e-100 are chopped.
 NUMERIC_PRECISION = 100
-
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 
 Reason = Literal[
     "correct",  # math-verify says equivalent
@@ -78,6 +104,7 @@ Reason = Literal[
     "empty_box",
     "missing_think",
     "unclosed_think",
+    "multiple_think",
     "invalid_response",  # the response is not a string
     "invalid_gold",  # data error, see module docstring
     "timeout",
@@ -191,25 +218,6 @@ def extract_last_boxed(text: str) -> BoxedAnswer:
         last = BoxedAnswer(content, "ok") if content else BoxedAnswer(None, "empty")
 
 
-def answer_region(response: str, *, require_think: bool = False) -> tuple[str | None, str | None]:
-    """Split off the part of *response* that may hold the final answer.
-
-    Returns ``(region, None)`` or ``(None, reason)`` with reason ``"unclosed_think"`` or
-    ``"missing_think"`` (see the module docstring, step 1).
-    """
-    close_idx = response.rfind(THINK_CLOSE)
-    open_idx = response.rfind(THINK_OPEN)
-    if close_idx == -1:
-        if open_idx != -1:
-            return None, "unclosed_think"
-        if require_think:
-            return None, "missing_think"
-        return response, None
-    if open_idx > close_idx:
-        return None, "unclosed_think"
-    return response[close_idx + len(THINK_CLOSE) :], None
-
-
 def _clean(answer: str) -> str:
     """Strip whitespace and one trailing sentence period (``17.`` -> ``17``)."""
     s = answer.strip()
@@ -221,14 +229,202 @@ def _clean(answer: str) -> str:
 _PLAIN_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 
+# ----------------------------------------------------------------- equality rules
+# What counts as equal, on top of math-verify (each rule is documented in the module docstring).
+
+#: Relative tolerance for two numbers of which at least one is a decimal or neither is an exact
+#: rational: equal when ``|a - b| <= NUMERIC_REL_TOL * max(|a|, |b|)``. math-verify's own rule
+#: rounds both to ``float_rounding`` decimal PLACES, so ``.0000673`` "equalled" ``.0000672`` and 7
+#: digits of pi "equalled" ``\pi``. Two different decimals of up to 9 significant digits differ
+#: relatively by at least ``1/999999999`` (> 1e-9), twice this tolerance, so a different last
+#: significant digit is always wrong; a decimal equals an exact value (``\pi``, ``1/3``) when it
+#: agrees to about 10 significant digits.
+NUMERIC_REL_TOL = 5e-10
+#: Two EXACT expressions (no decimal in them) whose values, evaluated to ``NUMERIC_PRECISION``
+#: digits, differ relatively by more than this are different, however small they are
+#: (``1/2006!`` vs ``1/2004!``); closer ones are left to math-verify's exact tests, so that
+#: ``9^{9^9} + 1`` is still not ``9^{9^9}``.
+EXACT_REL_TOL = 1e-50
+
+_TEXT_CMD_RE = re.compile(r"\\(text|textrm|textnormal|textup|textbf|textit|mbox|mathrm)\s*\{")
+_CASELESS_TEXT_RE = re.compile(r"\\(?:text|textrm|textnormal|textup|textbf|textit|mbox)\s*\{")
+_CMD_SPACE_RE = re.compile(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])")  # "\pi r" must not become "\pir"
+_LAYOUT_RE = re.compile(r"\\(?:left|right|displaystyle|quad|qquad)(?![A-Za-z])|\\[,;:! ]|[\s$~]")
+#: ISO 80000-2 writes Euler's number and the imaginary unit upright; math-verify reads
+#: ``\mathrm{e}`` as a unit and drops it (``2\mathrm{e}`` became ``2``, ``\frac{1}{\mathrm{e}}``
+#: an unparseable ``\frac{1}{``).
+_UPRIGHT_CONST_RE = re.compile(r"\\(?:mathrm|textrm|text|operatorname)\s*\{\s*([ei])\s*\}|\{\s*\\rm\s+([ei])\s*\}")
+_NUMERAL_RE = re.compile(r"(-?)\(?([0-9A-Za-z]+)\)?(?:_\{?(\d+)\}?)?")
+
+
+def _strip_text_commands(s: str) -> str:
+    """``\\text{4:30 p.m.}`` -> ``4:30 p.m.`` for every text-like command (brace matched)."""
+    out, i = [], 0
+    while (m := _TEXT_CMD_RE.search(s, i)) is not None:
+        end = _matching_brace(s, m.end() - 1)
+        if end is None:
+            break
+        out += [s[i : m.start()], _strip_text_commands(s[m.end() : end])]
+        i = end + 1
+    out.append(s[i:])
+    return "".join(out)
+
+
+def _plain_text(s: str) -> str:
+    """The answer as written, without formatting: text/roman wrappers, ``$``, spacing commands,
+    ``\\left``/``\\right``, whitespace and trailing periods removed; ``\\dfrac`` -> ``\\frac``."""
+    s = _CMD_SPACE_RE.sub(r"\1{}", _strip_text_commands(s))
+    return re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", _LAYOUT_RE.sub("", s)).rstrip(".")
+
+
+def same_text(gold: str, answer: str) -> bool:
+    """Rule "same text": equal when both read the same once formatting is removed
+    (:func:`_plain_text`): ``4:30 \\text{ p.m.}`` == ``\\text{4:30 p.m.}``. Case-insensitive
+    when the gold is (partly) a ``\\text`` answer, as math-verify is for words:
+    ``\\text{Odd}`` == ``\\text{odd}``; otherwise this rule is case-sensitive. Only ever says
+    "equal": answers that read differently go on to the next rules."""
+    g, a = _plain_text(gold), _plain_text(answer)
+    if not g:
+        return False
+    return g == a or (_CASELESS_TEXT_RE.search(gold) is not None and g.casefold() == a.casefold())
+
+
+def _numeral(s: str) -> tuple[str, str, int | None] | None:
+    """``(sign, digits, base)`` for a numeral such as ``52_8``, ``(52)_{8}``, ``\\text{A1}_{16}`` or
+    ``52`` (base None); None for anything else. Digits must include a decimal digit (``b_{12}`` is
+    a variable) and, with a base, be valid in it (``x_1`` is not a numeral)."""
+    m = _NUMERAL_RE.fullmatch(_plain_text(s))
+    if m is None or not any(c.isdigit() for c in m.group(2)):
+        return None
+    sign, digits, base = m.group(1), m.group(2).upper().lstrip("0") or "0", m.group(3)
+    if base is None:
+        return sign, digits, None
+    b = int(base)
+    if not 2 <= b <= 36 or any(int(c, 36) >= b for c in digits):
+        return None
+    return sign, digits, b
+
+
+def compare_base_numerals(gold: str, answer: str) -> str | None:
+    """Rule "bases": ``"correct"``/``"wrong"`` when one side is a numeral with a base subscript,
+    None when the rule does not apply (math-verify drops subscripts: ``52_9`` "equalled" ``52_8``).
+
+    Two numerals are equal when they write the same digits (leading zeros and letter case aside)
+    and, if both write a base, the same base: ``52_8`` == ``52_{8}`` == ``052_8`` == ``52`` (digits
+    in the base asked for), but ``52_8`` != ``52_9`` and != ``42_{10}`` (the same value written in
+    another base is not the answer asked for).
+    """
+    g, a = _numeral(gold), _numeral(answer)
+    if g is None or a is None or (g[2] is None and a[2] is None):
+        return None
+    if g[2] is not None and a[2] is not None and g[2] != a[2]:
+        return "wrong"
+    return "correct" if (g[0], g[1]) == (a[0], a[1]) else "wrong"
+
+
+def upright_constants(s: str) -> str:
+    """``\\mathrm{e}`` -> ``e`` and ``\\mathrm{i}`` -> ``i`` (also ``\\text``, ``\\textrm``, ``{\\rm e}``)."""
+    return _UPRIGHT_CONST_RE.sub(lambda m: m.group(1) or m.group(2), s)
+
+
+def _relative_eq(a, b, digits: int, tol: float = NUMERIC_REL_TOL) -> bool | None:
+    """Rule "relative": ``|a - b| <= tol * max(|a|, |b|)`` on values evaluated to *digits*
+    significant digits (a relative error, however small the values: ``1/2006!`` is not
+    ``1/2004!``). None when either side does not evaluate to a finite number."""
+    try:
+        va, vb = a.evalf(digits), b.evalf(digits)
+        if not (va.is_number and vb.is_number and va.is_finite and vb.is_finite):
+            return None
+        return bool(abs(va - vb) <= tol * max(abs(va), abs(vb)))
+    except Exception:  # noqa: BLE001 - not comparable as numbers: let math-verify decide
+        return None
+
+
+_OR_RE = re.compile(r"(?<![A-Za-z])or(?![A-Za-z])|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])")
+_AND_RE = re.compile(r"(?<![A-Za-z])and(?![A-Za-z])|\\land(?![A-Za-z])|\\wedge(?![A-Za-z])")
+
+
+def _or_of_inequalities(parsed: list, latex: str) -> list:
+    """Rule "or": ``x < 2 \\text{ or } x > 3`` is the union of the two solution sets. math-verify
+    turns "or" (and "and") into a comma and returns a plain set of relations, which never equals
+    an interval; when the text says "or" (and never "and") and every element is an inequality in
+    the same single variable, that set is replaced by the union of the inequalities' sets."""
+    if _OR_RE.search(latex) is None or _AND_RE.search(latex) is not None:
+        return parsed
+    from sympy import FiniteSet, Union
+    from sympy.core.relational import Eq, Ne, Relational
+
+    out = []
+    for x in parsed:
+        if (isinstance(x, FiniteSet) and len(x) > 1
+                and all(isinstance(r, Relational) and not isinstance(r, (Eq, Ne)) for r in x.args)
+                and len(x.free_symbols) == 1):
+            try:
+                x = Union(*(r.as_set() for r in x.args))
+            except Exception:  # noqa: BLE001 - leave it to math-verify
+                pass
+        out.append(x)
+    return out
+
+
+_MV_NUMERIC_EQ = None  # math-verify's own sympy_numeric_eq, kept for the cases we leave to it
+
+
+def _numeric_eq(a, b, float_rounding: int, numeric_precision: int) -> bool:
+    """Replacement for ``math_verify.grader.sympy_numeric_eq`` (installed in the workers, so it
+    also applies inside tuples, sets, intervals and matrices).
+
+    - Matrices, and exact numbers against exact numbers (``Integer``, ``Rational``): math-verify's
+      exact comparison.
+    - A decimal (``Float``, or a decimal percentage) against anything: an integer on the other
+      side must be matched exactly (``18.0`` == ``18``; a long integer is never matched by a
+      rounded float); otherwise rule "relative".
+    - Two non-atomic expressions that evaluate to numbers: with a decimal in either, rule
+      "relative"; both exact, different when their values differ relatively by more than
+      :data:`EXACT_REL_TOL`, else math-verify's test. math-verify only tested
+      ``(a - b).evalf(chop=True) == 0``, and ``chop`` zeroes any difference below ~1e-100.
+    - Anything else (expressions with free symbols): math-verify's test.
+    """
+    from math_verify import grader
+    from sympy import Float, Integer, MatrixBase, MatrixExpr, Number, Rational
+
+    if isinstance(a, (MatrixBase, MatrixExpr)) or isinstance(b, (MatrixBase, MatrixExpr)):
+        return _MV_NUMERIC_EQ(a, b, float_rounding, numeric_precision)
+    atomic = grader.is_atomic_or_pct_atomic
+    if atomic(a, Float) or atomic(b, Float):
+        a, b = grader.safe_sympy_doit(a), grader.safe_sympy_doit(b)
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, Integer):
+                return isinstance(y, Float) and Rational(y) == x
+        return bool(_relative_eq(a, b, numeric_precision))
+    if atomic(a, Number) or atomic(b, Number):
+        return _MV_NUMERIC_EQ(a, b, float_rounding, numeric_precision)
+    if a.has(Float) or b.has(Float):
+        verdict = _relative_eq(a, b, numeric_precision)
+    else:
+        different = _relative_eq(a, b, numeric_precision, EXACT_REL_TOL) is False
+        verdict = False if different else None  # exact: this test only ever says "different"
+    return _MV_NUMERIC_EQ(a, b, float_rounding, numeric_precision) if verdict is None else verdict
+
+
+def _install_numeric_rule() -> None:
+    global _MV_NUMERIC_EQ
+    import math_verify.grader as grader
+
+    if grader.sympy_numeric_eq is not _numeric_eq:
+        _MV_NUMERIC_EQ = grader.sympy_numeric_eq
+        grader.sympy_numeric_eq = _numeric_eq
+
+
 # ------------------------------------------------------------------ worker-side code
 _WORKER_CONFIG = None
 
 
 def _worker_init(cap_memory: bool = False) -> None:
     """Runs once in each pool worker: import math-verify, silence its warnings about the
-    signal timeouts we disable on purpose (the pool enforces the limit) and, in pool
-    workers, cap the address space (see ``_timeout.limit_worker_memory``)."""
+    signal timeouts we disable on purpose (the pool enforces the limit), install the numeric
+    rule (:func:`_numeric_eq`) and, in pool workers, cap the address space (see
+    ``_timeout.limit_worker_memory``)."""
     global _WORKER_CONFIG
     import math_verify.grader
     import math_verify.parser
@@ -236,6 +432,7 @@ def _worker_init(cap_memory: bool = False) -> None:
 
     math_verify.parser.TIMEOUT_WARNING_SHOWN = True
     math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    _install_numeric_rule()
     _WORKER_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
     if cap_memory:
         limit_worker_memory()
@@ -246,19 +443,27 @@ def _has_expression(parsed: list) -> bool:
 
 
 def verify_answer(gold: str, answer: str, float_rounding: int, numeric_precision: int) -> str:
-    """Parse and compare in the CURRENT process, without any timeout.
+    """Parse and compare in the CURRENT process, without any timeout (steps 4-5 of the module
+    docstring: the rules, then math-verify).
 
     Returns ``"correct"``, ``"wrong"``, ``"unparseable_answer"`` or ``"invalid_gold"``.
-    Used inside pool workers; call it directly only on trusted input (it can hang).
+    Used inside pool workers; call it directly only on trusted input (it can hang). It installs
+    the numeric rule into math-verify for the whole process.
     """
     from math_verify import parse, verify
 
     if _WORKER_CONFIG is None:
         _worker_init()
-    gold_parsed = parse("\\boxed{" + gold + "}", _WORKER_CONFIG, parsing_timeout=None)
+    gold, answer = upright_constants(gold), upright_constants(answer)
+    gold_parsed = _or_of_inequalities(parse("\\boxed{" + gold + "}", _WORKER_CONFIG, parsing_timeout=None), gold)
     if not _has_expression(gold_parsed):
         return "invalid_gold"
-    pred_parsed = parse("\\boxed{" + answer + "}", _WORKER_CONFIG, parsing_timeout=None)
+    if same_text(gold, answer):
+        return "correct"
+    by_base = compare_base_numerals(gold, answer)
+    if by_base is not None:
+        return by_base
+    pred_parsed = _or_of_inequalities(parse("\\boxed{" + answer + "}", _WORKER_CONFIG, parsing_timeout=None), answer)
     if not pred_parsed:
         return "unparseable_answer"
     ok = verify(  # GOLD FIRST: verify is not symmetric
@@ -266,6 +471,7 @@ def verify_answer(gold: str, answer: str, float_rounding: int, numeric_precision
         pred_parsed,
         float_rounding=float_rounding,
         numeric_precision=numeric_precision,
+        allow_set_relation_comp=True,  # x \geq \sqrt{2} == [\sqrt{2}, \infty), both ways
         timeout_seconds=None,
     )
     if ok:

@@ -32,6 +32,12 @@ wall clock              per test (``time_limit_s``), enforced by the parent with
 output cap              the parent stops reading and kills the run past ``max_output_bytes``
 scrubbed environment    only ``PATH``, ``LANG``, ``HOME`` and ``*_NUM_THREADS=1``; the zygote
                         itself starts with an empty environment, so no secret is in its memory
+importable packages     the standard library and the third-party packages named in
+                        ``SandboxConfig.allowed_packages``: by default
+                        :data:`DEFAULT_ALLOWED_PACKAGES` (``sortedcontainers``, which LeetCode's
+                        judge provides, and ``numpy``, which several contest judges such as
+                        AtCoder install); any other import raises ``ModuleNotFoundError``, as on
+                        a judge that lacks the package
 =====================  =========================================================================
 
 **bubblewrap.** When ``bwrap`` is installed (``SandboxConfig.isolation="auto"``, the default) the
@@ -46,6 +52,15 @@ Without bubblewrap it can read and write anything you can (your home directory, 
 signal your other processes, and a fork bomb is bounded only by the wall-clock kill
 (``RLIMIT_NPROC`` counts all your processes, so it is not set); a warning is logged once. Run as
 root (e.g. in a container) for the full set of guarantees; install bubblewrap in any case.
+
+**Allowed packages.** A solution may import the standard library and the packages in
+``SandboxConfig.allowed_packages`` (top-level import names; a package's own third-party
+dependencies must be listed too), if they are installed in the interpreter running the sandbox
+(``sortedcontainers`` is a dependency of klear; numpy comes with torch). ``None`` lifts the rule:
+everything installed may be imported. The rule reproduces the judge a problem was written for
+(LeetCode's environment provides ``sortedcontainers``) so that a solution depending on a package
+the judge lacks fails as it would there; it is not a security boundary (the file system, uid and
+seccomp rules above are), since a program can always read the interpreter's files.
 
 Expected outputs never enter the child: stdin carries only the test input; for call-based and
 assert-style tests the child receives only arguments (see :mod:`klear.rewards.code_reward`), and the
@@ -73,6 +88,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+#: Third-party packages a sandboxed program may import by default (top-level import names):
+#: what LeetCode's Python judge provides besides the standard library (``sortedcontainers``) and
+#: the numeric package several contest judges (e.g. AtCoder) install (``numpy``). Override with
+#: ``SandboxConfig(allowed_packages=...)``.
+DEFAULT_ALLOWED_PACKAGES: tuple[str, ...] = ("numpy", "sortedcontainers")
 
 _ZYGOTE = Path(__file__).with_name("_sandbox_zygote.py")
 _WARNED: set[str] = set()
@@ -104,6 +125,9 @@ class SandboxConfig:
             ``/dev/shm``) a program may fill, as root; RAM, emptied between programs.
         isolation: ``"auto"`` (bubblewrap when ``bwrap`` is installed, else native), ``"bwrap"``
             (required) or ``"native"``; the ``KLEAR_SANDBOX_ISOLATION`` environment variable wins.
+        allowed_packages: top-level names of the third-party packages a program may import
+            besides the standard library (default :data:`DEFAULT_ALLOWED_PACKAGES`; a list is
+            stored as a tuple); ``None``: anything installed. See "Allowed packages" above.
     """
 
     time_limit_s: float = 6.0
@@ -119,8 +143,14 @@ class SandboxConfig:
     recursion_limit: int = 10000
     isolation: str = "auto"
     scratch_bytes: int = 256 << 20
+    allowed_packages: tuple[str, ...] | None = DEFAULT_ALLOWED_PACKAGES
 
     def __post_init__(self) -> None:
+        pkgs = self.allowed_packages
+        if pkgs is not None:
+            if isinstance(pkgs, str) or not all(isinstance(p, str) and p.isidentifier() for p in pkgs):
+                raise ValueError(f"SandboxConfig.allowed_packages must be None or top-level module names, got {pkgs!r}")
+            object.__setattr__(self, "allowed_packages", tuple(pkgs))
         for name in ("time_limit_s", "program_time_limit_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v > 0:
@@ -467,6 +497,18 @@ class _Zygote:
             pass
 
 
+def _warn_missing_packages(packages: tuple[str, ...] | None) -> None:
+    """Log once per package an allowed package this interpreter (the zygote's) does not have."""
+    from importlib.util import find_spec
+
+    for name in packages or ():
+        key = f"missing package {name}"
+        if key not in _WARNED and find_spec(name) is None:
+            _WARNED.add(key)
+            logger.warning("klear sandbox: allowed package %r is not installed in %s; programs that import it "
+                           "fail (install it, or drop it from SandboxConfig.allowed_packages)", name, sys.executable)
+
+
 class Sandbox:
     """A confined runner for untrusted Python programs (one run at a time; not thread-safe:
     give each thread or process its own, e.g. with :func:`get_sandbox`).
@@ -488,6 +530,7 @@ class Sandbox:
         self._zygote: _Zygote | None = None
         self._workdir: Path | None = None
         _remove_stale_dirs(_sandbox_root())
+        _warn_missing_packages(self.config.allowed_packages)
         self._ensure()
         if self.uid is not None:
             self.reap()  # leftovers from an earlier holder of this uid
@@ -647,6 +690,7 @@ class Sandbox:
             "prefix": view(prefix), "setup": view(setup),
             "uid": self.uid, "gid": self.uid, "limits": self._limits(), "env": self._env(workdir),
             "recursion_limit": self.config.recursion_limit,
+            "allowed_packages": None if self.config.allowed_packages is None else list(self.config.allowed_packages),
         }
         try:
             reply = self._ensure().request(req, fds)
