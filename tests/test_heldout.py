@@ -112,7 +112,7 @@ def test_generate_preserves_order_and_decodes_only_new_tokens(tiny):
     model.train()
     tok.padding_side = "right"
     prompts = _prompts()
-    out = generate(model, tok, prompts, max_new_tokens=4, batch_size=4, show_progress=False)
+    out = generate(model, tok, prompts, max_new_tokens=4, batch_size=4, do_sample=True, show_progress=False)
     expected = []
     for p in prompts:
         msgs = [{"role": "user", "content": p}] if isinstance(p, str) else p
@@ -122,6 +122,7 @@ def test_generate_preserves_order_and_decodes_only_new_tokens(tiny):
     assert model.calls == [4, 2]
     assert tok.padding_side == "right"  # restored
     assert model.training  # training flag restored
+    assert generate(model, tok, [], max_new_tokens=4, do_sample=True) == []
     assert generate(model, tok, [], max_new_tokens=4) == []
 
 

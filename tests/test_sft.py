@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import yaml
 
 PROMPTS = [
     ("What is 2+2?", "<think>2+2=4</think> \\boxed{4}"),
@@ -148,7 +149,7 @@ def test_paper_schedule_8e5_at_end_of_warmup_4e5_at_last_step(tiny_model, tmp_pa
     from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
 
     config, _ = load_config("sft_klear")
-    cfg = _device_defaults(config["trainer"])
+    cfg, _ = _device_defaults(config["trainer"])
     cfg.update(output_dir=str(tmp_path / "ckpt"), report_to=[], max_length=256, packing=False,
                gradient_checkpointing=False, dataset_num_proc=None)  # the schedule does not depend on these
     args = KlearSFTConfig(**cfg)
@@ -250,12 +251,11 @@ def test_format_compliance():
     assert not format_compliant("<think>a</think><think>b \\boxed{4}")  # unclosed second think
 
 
-def test_greedy_generate_drops_finished_rows_and_matches_generate(tiny_model):
-    """Same completions as model.generate (klear.eval.heldout.generate) when sequences stop at different steps."""
+def test_greedy_generate_drops_finished_rows_and_matches_model_generate(tiny_model):
+    """Same completions as ``model.generate`` on the same left-padded batch when sequences stop at different steps."""
     import torch
 
-    from klear.eval.heldout import generate
-    from klear.sft.generation import greedy_generate
+    from klear.eval.heldout import generate, greedy_generate
 
     model, tok = tiny_model
     with torch.no_grad():  # larger weights: varied argmax tokens instead of one repeated token
@@ -268,12 +268,20 @@ def test_greedy_generate_drops_finished_rows_and_matches_generate(tiny_model):
         free = model.generate(**enc, max_new_tokens=12, do_sample=False)[0, enc["input_ids"].shape[1]:].tolist()
     # end-of-sequence: <|im_end|> and the 3rd token prompt 0 generates, so some rows stop early
     model.generation_config.eos_token_id = [tok.eos_token_id, free[2]]
-    ref = generate(model, tok, prompts, max_new_tokens=12, batch_size=9, show_progress=False)
+    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    tok.padding_side = "left"
+    batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    model.eval()
+    with torch.no_grad():  # the reference: transformers' own greedy decoding, one batch
+        out = model.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
+                             temperature=None, top_p=None, top_k=None)
+    ref = tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     mine = greedy_generate(model, tok, prompts, max_new_tokens=12, batch_size=9, show_progress=False)
     assert mine == ref
     lengths = [len(tok(c, add_special_tokens=False)["input_ids"]) for c in ref]
     assert min(lengths) < 6 < max(lengths)  # rows did stop at different steps
     assert greedy_generate(model, tok, prompts[:3], max_new_tokens=12, batch_size=2, show_progress=False) == ref[:3]
+    assert generate(model, tok, prompts, max_new_tokens=12, batch_size=4, show_progress=False) == ref  # greedy path
     with pytest.raises(ValueError):
         greedy_generate(model, tok, prompts, max_new_tokens=0)
 
@@ -315,7 +323,12 @@ def test_tiny_sft_job_runs_resumes_and_reports(tmp_path, embedded_path, capsys):
     # the logged LR is the one each step used: 1 warm-up step at the max, then cosine to the floor at step 3
     assert train_rows[0]["learning_rate"] == pytest.approx(2e-4)
     assert train_rows[2]["learning_rate"] == pytest.approx(1e-4)
-    assert "held-out format compliance" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "held-out format compliance" in out_text
+    # one precision rule: sft_demo says bf16: auto, which is float32 on this CPU (written and printed)
+    assert json.loads((out / "run.json").read_text())["precision"]["dtype"] == "float32"
+    assert yaml.safe_load((out / "config.yaml").read_text())["trainer"]["bf16"] is False
+    assert "precision: float32 on cpu" in out_text
 
     # --resume continues from checkpoint-2 (steps 3, 4), reusing the "before" evaluation
     config, _ = load_config("sft_demo", overrides + ["trainer.max_steps=4"])

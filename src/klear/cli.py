@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     ns = build_parser().parse_args(argv)
+    if "torch" not in sys.modules:  # must be set before torch starts its OpenMP pool
+        from klear.precision import set_cpu_runtime_defaults
+
+        set_cpu_runtime_defaults()
     try:
         return ns.func(ns)
     except (ValueError, FileNotFoundError) as e:

@@ -336,7 +336,8 @@ class HFBackend:
         plan: the rope plan from :func:`plan_context` (its override is applied to the config).
         tokenizer: the model's tokenizer (loaded if omitted).
         batch_size: samples per ``generate`` call.
-        dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), ``"float32"``, ``"bfloat16"``, ``"float16"``.
+        dtype: ``"auto"`` (:func:`klear.precision.torch_dtype`: bfloat16 on a CUDA GPU with bf16, float32
+            otherwise), ``"float32"``, ``"bfloat16"``, ``"float16"`` (the last two need CUDA).
         device: ``"cuda"``/``"cpu"``/...; default CUDA when available.
         model: an already loaded model (tests); then ``model_path`` is only recorded.
 
@@ -359,16 +360,17 @@ class HFBackend:
         self.chunk_size = 4 * batch_size  # requests per harness call; batched by prompt length inside
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
         if model is None:
-            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-            if dtype == "auto":
-                torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-            else:
-                torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+            from klear.precision import resolve_precision, torch_dtype as _torch_dtype
+
+            device = device or resolve_precision().device
+            torch_dtype = _torch_dtype(dtype, device=device)
             config = apply_rope_plan(AutoConfig.from_pretrained(model_path), plan)
             model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch_dtype)
             model.to(device)
         self.model = model.eval()
         self.device = next(self.model.parameters()).device
+        # what run.json records per invocation (see klear.precision)
+        self.precision = {"device": self.device.type, "dtype": str(next(self.model.parameters()).dtype).split(".")[-1]}
         eos = self.model.generation_config.eos_token_id
         eos = eos if eos is not None else self.tokenizer.eos_token_id
         self.eos_ids = sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None})
@@ -484,6 +486,7 @@ class VLLMBackend:
                                         tensor_parallel_size=tensor_parallel_size,
                                         gpu_memory_utilization=gpu_memory_utilization)
         self.llm = LLM(**self.kwargs)
+        self.precision = {"device": "cuda", "dtype": dtype}
         self.rope = {"engine_kwargs": {k: v for k, v in self.kwargs.items() if k in ("max_model_len", "hf_overrides")}}
 
     def prompt_ids(self, messages: Sequence[dict]) -> list[int]:

@@ -68,7 +68,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="auto: vLLM when installed and a GPU is present, else transformers (default auto)")
     e.add_argument("--batch-size", type=int, default=16, help="hf: samples per generate call (default 16)")
     e.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="auto: bfloat16 on GPU, float32 on CPU")
+                   help="auto: bfloat16 on a CUDA GPU with bf16, float32 otherwise; bfloat16/float16 need a GPU")
     e.add_argument("--cpu-threads", type=int, default=None, metavar="N",
                    help="hf on CPU: torch threads (default: torch's choice; 1 can be much faster on a busy machine)")
     e.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm only (default 1)")
@@ -144,6 +144,9 @@ def handler(ns: argparse.Namespace) -> int:
     sampling = SamplingSettings(temperature=ns.temperature, top_p=ns.top_p, max_tokens=ns.max_tokens)
     benchmark = bench()
     ensure_judges(benchmark.problems)
+    from klear.precision import torch_dtype
+
+    dtype = str(torch_dtype(ns.dtype)).split(".")[-1]  # refuses bf16/fp16 without a GPU, before any model loads
     model_path = resolve_model_path(ns.model)
     backend_name = select_backend(ns.backend)
     tokenizer = load_tokenizer(model_path)
@@ -152,9 +155,9 @@ def handler(ns: argparse.Namespace) -> int:
                         rope_scaling=ns.rope_scaling, rope_factor=ns.rope_factor,
                         original_max=ns.rope_original_max, force=ns.force_rope_scaling)
     print(f"klear eval: {benchmark.name} ({len(benchmark.problems)} problems) x {ns.n} samples, model {model_path}, "
-          f"backend {backend_name}, rope {plan['rope_type']} (engine length {plan['engine_max_len']})", flush=True)
+          f"backend {backend_name}, precision {dtype}, rope {plan['rope_type']} (engine length {plan['engine_max_len']})", flush=True)
     if backend_name == "vllm":
-        backend = VLLMBackend(model_path, plan, tokenizer=tokenizer, seed=ns.seed, dtype=ns.dtype,
+        backend = VLLMBackend(model_path, plan, tokenizer=tokenizer, seed=ns.seed, dtype=dtype,
                               tensor_parallel_size=ns.tensor_parallel_size,
                               gpu_memory_utilization=ns.gpu_memory_utilization)
     else:
@@ -164,7 +167,7 @@ def handler(ns: argparse.Namespace) -> int:
             import torch
 
             torch.set_num_threads(ns.cpu_threads)
-        backend = HFBackend(model_path, plan, tokenizer=tokenizer, batch_size=ns.batch_size, dtype=ns.dtype)
+        backend = HFBackend(model_path, plan, tokenizer=tokenizer, batch_size=ns.batch_size, dtype=dtype)
     summary = run_eval(benchmark, backend, ns.output, n=ns.n, sampling=sampling, seed=ns.seed, ks=ks, maj=ns.maj,
                        model=ns.model, rope={"plan": plan, "loaded": backend.rope},
                        show_progress=not ns.no_progress)

@@ -393,7 +393,7 @@ def run_eval(
 
     started = time.time()
     invocation = {"started": _dt.datetime.now().isoformat(timespec="seconds"), "backend": getattr(backend, "name", None),
-                  "n": n, "already_done": len(done & {(p.problem_id, i) for p in benchmark.problems for i in range(n)}),
+                  "precision": getattr(backend, "precision", None), "n": n, "already_done": len(done & {(p.problem_id, i) for p in benchmark.problems for i in range(n)}),
                   "to_generate": len(requests), "generated": 0}
     run.setdefault("invocations", []).append(invocation)
     _atomic_write(run_path, json.dumps(run, indent=2) + "\n")

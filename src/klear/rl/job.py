@@ -20,8 +20,6 @@ Klear settings). See ``configs/rl_demo.yaml`` and ``configs/rl_math_klear.yaml``
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import json
 import logging
 import os
@@ -29,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +39,6 @@ _REWARD_KEYS = {"reward_mode", "require_think", "time_limit_s", "timeout_s", "st
 _EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size"}
 
 
-def _check_keys(section: dict, allowed: set[str], where: str, source: str) -> None:
-    unknown = sorted(set(section) - allowed)
-    if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown} in {where}; allowed: {sorted(allowed)}")
-
-
 def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     """Check the recipe's structure before any heavy work.
 
@@ -55,6 +46,8 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
         ValueError: an unknown key (named with its section and the file), a missing required key,
             or a trainer field that :class:`GPPOConfig` rejects.
     """
+    from klear.runs import check_section_keys as _check_keys
+
     _check_keys(config, _TOP_KEYS, "the top level", source)
     for key in ("model", "output_dir", "data", "trainer"):
         if config.get(key) in (None, ""):
@@ -88,20 +81,9 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
         if config["trainer"].get(key) is not None:
             _int(f"trainer.{key}", config["trainer"][key], minimum)
     from klear.rl.trainer import GPPOConfig
+    from klear.runs import check_trainer_section
 
-    fields = {f.name: f for f in dataclasses.fields(GPPOConfig)}
-    unknown = sorted(set(config["trainer"]) - set(fields))
-    if unknown:
-        hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, fields, n=1)) else repr(k)
-                 for k in unknown]
-        raise ValueError(f"{source}: unknown key(s) {', '.join(hints)} in 'trainer' (not GPPOConfig/GRPOConfig fields)")
-    for key, value in config["trainer"].items():
-        default = fields[key].default
-        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-        if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"{source}: trainer.{key}={value!r} must be a number (default {default!r})")
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ValueError(f"{source}: trainer.{key}={value!r} must be true or false")
+    check_trainer_section(config["trainer"], GPPOConfig, source)
 
 
 def _build_datasets(data: dict[str, Any], seed: int):
@@ -150,15 +132,21 @@ def _question_texts(dataset) -> list[str]:
     return [p[-1]["content"] for p in dataset["prompt"]]
 
 
-def _device_defaults(trainer_cfg: dict[str, Any]) -> dict[str, Any]:
-    import torch
+def _device_defaults(trainer_cfg: dict[str, Any], source: str = "config"):
+    """``(trainer section with device/precision resolved, Precision)``: see :mod:`klear.precision`.
 
-    out = dict(trainer_cfg)
-    if not torch.cuda.is_available():
-        out.setdefault("use_cpu", True)
-        if out.get("bf16") or out.get("use_vllm"):
-            raise ValueError("trainer.bf16 / trainer.use_vllm need a GPU; none is visible")
-    return out
+    Raises:
+        ValueError: ``bf16``/``fp16`` without a CUDA GPU, or ``use_vllm`` without one.
+    """
+    from klear.precision import resolve_trainer_precision
+
+    try:
+        out, precision = resolve_trainer_precision(trainer_cfg)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    if precision.device == "cpu" and out.get("use_vllm"):
+        raise ValueError(f"{source}: trainer.use_vllm=true needs a CUDA GPU; none is visible")
+    return out, precision
 
 
 def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:
@@ -182,19 +170,13 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.rl.trainer import GPPOConfig, GPPOTrainer
 
+    from klear.runs import resolve_resume, start_run
+
     out = Path(config["output_dir"])
     ckpt_dir = out / "checkpoints"
-    if resume is True:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-        if last is None:
-            raise FileNotFoundError(f"--resume: no checkpoint found in {ckpt_dir}")
-        resume = last
-    elif resume and not Path(resume).is_dir():
-        raise FileNotFoundError(f"--resume: checkpoint {resume} does not exist")
+    resume = resolve_resume(out, resume)
     seed = int(config.get("seed", 0))
-    trainer_cfg = _device_defaults(config["trainer"])
+    trainer_cfg, precision = _device_defaults(config["trainer"], source)
     trainer_cfg.setdefault("seed", seed)
     trainer_cfg.setdefault("logging_steps", 1)
     trainer_cfg.setdefault("report_to", ["tensorboard"])
@@ -203,8 +185,7 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
     except ValueError as e:
         raise ValueError(f"{source}: trainer: {e}") from None
     model_path = resolve_model_path(str(config["model"]))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    start_run(out, config, trainer_cfg, precision, stage="rl")
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     if tokenizer.pad_token is None:
@@ -259,19 +240,12 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
 
 
 def _heldout_eval(trainer, heldout, eval_cfg: dict, path: Path, *, reuse: bool) -> dict[str, Any]:
-    """Greedy held-out accuracy of the trainer's current model; saved to ``path`` (reused on resume)."""
-    from klear.eval.heldout import evaluate
+    """Greedy held-out accuracy of the trainer's current model (:func:`klear.runs.heldout_eval`)."""
+    from klear.runs import heldout_eval
 
-    if reuse and path.is_file():
-        return json.loads(path.read_text())
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    was_training = model.training
-    result = evaluate(model, trainer.processing_class, heldout,
-                      max_new_tokens=int(eval_cfg["max_new_tokens"]), batch_size=int(eval_cfg["batch_size"]))
-    if was_training:
-        model.train()
-    path.write_text(json.dumps(result, indent=1))
-    return result
+    return heldout_eval(trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class, heldout,
+                        max_new_tokens=eval_cfg["max_new_tokens"], batch_size=eval_cfg["batch_size"], path=path,
+                        reuse=reuse)
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -1,12 +1,14 @@
 """``GPPOTrainer``: Klear-Reasoner's RL stage as a thin subclass of TRL's ``GRPOTrainer``.
 
 TRL gives us rollout generation (transformers or vLLM), accelerate/DeepSpeed/FSDP, gradient
-accumulation, checkpointing and logging. This module only re-routes three hooks:
+accumulation, checkpointing and logging. This module re-routes four hooks (plus timers around
+``_generate``, ``_get_per_token_logps_and_entropies`` and ``training_step``, which change nothing):
 
+* ``_calculate_rewards``: keeps the rollout's group ids (prompt ids) next to the rewards;
 * ``_generate_and_score_completions``: after TRL has generated and scored a rollout batch, we
   recompute the advantages with Eq. 4 keyed by PROMPT ID (:func:`klear.rl.advantages.
   compute_group_advantages`), mark zero-advantage groups, correct responses and truncated
-  responses, and log the rollout metrics of spec Sec. 8.
+  responses, and log the rollout metrics the paper plots (Sec. 5).
 * ``_prepare_inputs``: after TRL has split one rollout batch into ``steps_per_generation``
   micro-batches, we annotate each micro-batch with the exact loss-token counts of its optimizer
   step's window (all micro-batches of that step, all processes).
@@ -69,11 +71,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
 
 from klear.rl.advantages import all_equal_groups, compute_group_advantages
 from klear.rl.losses import policy_loss, sft_loss
@@ -87,7 +92,7 @@ ZERO_ADV_CRITERIA = ("reward", "correctness")
 
 @dataclass
 class GPPOConfig(GRPOConfig):
-    """``GRPOConfig`` plus the Klear-Reasoner RL settings (spec Sec. 3 and 6).
+    """``GRPOConfig`` plus the Klear-Reasoner RL settings (paper Sec. 3.2 and 4.1).
 
     The paper's math-stage values: ``clip_ratio_low=0.2``, ``clip_ratio_high=0.28``,
     ``clip_ratio_c=10``, ``alpha=0.1``, ``loss_agg_mode="token-mean"``, zero-advantage filter on,
@@ -173,6 +178,26 @@ class GPPOConfig(GRPOConfig):
         return self.steps_per_generation // self.gradient_accumulation_steps
 
 
+# Per-optimizer-step seconds logged as ``timing/<phase>_s`` (see GPPOTrainer's docstring).
+TIMING_PHASES = ("rollout", "generate", "reward", "old_log_prob", "forward_backward", "optimizer")
+
+
+class _PhaseTimer(TrainerCallback):
+    """Closes each optimizer step's timing window: ``optimizer`` is the time from the end of the step's last
+    micro-batch to ``on_step_end`` (gradient clipping, ``optimizer.step``, LR scheduler, ``zero_grad``)."""
+
+    def __init__(self, trainer: "GPPOTrainer"):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        t._klear_time["optimizer"] += time.perf_counter() - t._klear_window_end
+        m = t._metrics["train"]
+        for phase in TIMING_PHASES:
+            m[f"timing/{phase}_s"].append(t._klear_time[phase])
+        t._klear_time = dict.fromkeys(TIMING_PHASES, 0.0)
+
+
 def _prompt_key(example: dict[str, Any], prompt: Any) -> str:
     """Group id of one rollout: the dataset's ``prompt_id`` if present, else a hash of the prompt."""
     pid = example.get("prompt_id")
@@ -202,6 +227,10 @@ def truncated_mask(completion_ids: torch.Tensor, completion_mask: torch.Tensor, 
     ends_with_stop = torch.isin(last, torch.as_tensor(list(stop_token_ids), device=completion_ids.device))
     return (lengths >= max_completion_length) & ~ends_with_stop
 
+
+# Multimodal / token-type inputs TRL's log-prob function takes from a micro-batch (None for text models).
+_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+                 "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 
 # Per-response tensors whose second dimension is the completion length (trimmed together).
 _COMPLETION_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "sampling_per_token_logps",
@@ -271,7 +300,15 @@ class GPPOTrainer(GRPOTrainer):
     ``filtered_sample_frac``, ``truncated_frac``, ``policy_loss``, ``sft_loss``, ``clip_frac_high``,
     ``clip_frac_low``, ``dual_clip_frac``, ``ppo_kl``, ``ratio_mean``, ``ratio_max``,
     ``num_loss_tokens``, ``num_sft_tokens``; TRL logs ``reward``, ``entropy``, ``grad_norm``,
-    ``completions/mean_length``.
+    ``completions/mean_length``, ``step_time``.
+
+    Where the time goes, seconds per optimizer step (``timing/<phase>_s``; 0 for a phase the step did not
+    run, e.g. the rollout on the second off-policy step of a rollout batch): ``rollout`` (all of TRL's
+    ``_generate_and_score_completions``: tokenisation, ``generate``, ``reward``, ``old_log_prob``, advantages),
+    within it ``generate`` (sampling), ``reward`` (scoring), ``old_log_prob`` (the no-grad log-prob pass of
+    the rollout policy); ``forward_backward`` (loss forward and backward of every micro-batch) and
+    ``optimizer`` (gradient clipping, ``optimizer.step``, scheduler, ``zero_grad``). ``rollout`` +
+    ``forward_backward`` + ``optimizer`` is the step's wall clock up to logging and checkpointing.
     """
 
     _tag_names = ["trl", "grpo", "gppo", "klear"]
@@ -288,10 +325,64 @@ class GPPOTrainer(GRPOTrainer):
             reward_funcs = klear_reward
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
         self._klear_rollout: dict[str, Any] | None = None
+        self._klear_in_rollout = False
+        self._klear_time = dict.fromkeys(TIMING_PHASES, 0.0)  # seconds in the current optimizer step
+        self._klear_window_end = time.perf_counter()
+        self.add_callback(_PhaseTimer(self))
+
+    # ------------------------------------------------------------------ where the time goes
+    def _timed(self, phase: str, fn, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._klear_time[phase] += time.perf_counter() - start
+
+    def _generate(self, prompts):
+        return self._timed("generate", super()._generate, prompts)
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's generation, with each prompt prefilled once per group on the transformers path
+        (:func:`klear.rl.prefill.grouped_prefill_generate`); vLLM, continuous batching and multimodal inputs are
+        TRL's unchanged."""
+        args = (prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        if (self.use_vllm or self.use_transformers_continuous_batching or images is not None or multimodal_fields
+                or num_generations < 2):
+            return super()._generate_single_turn(*args)
+        import functools
+
+        from klear.rl.prefill import grouped_prefill_generate
+
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        model.generate = functools.partial(grouped_prefill_generate, model, model.generate, group_size=num_generations)
+        try:
+            return super()._generate_single_turn(*args)
+        finally:
+            del model.generate  # the class's generate again
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        if torch.is_grad_enabled():  # the training forward (counted in forward_backward)
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._klear_in_rollout and self.model.training:
+            # TRL's old-log-prob pass over the whole rollout batch: deferred to _prepare_inputs, which runs it on
+            # the kept samples only, in the micro-batches the loss will see (see _old_log_probs).
+            return None, None, None
+        return self._timed("old_log_prob", super()._get_per_token_logps_and_entropies, *args, **kwargs)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        start = time.perf_counter()
+        before = self._klear_time["rollout"] + self._klear_time["old_log_prob"]
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self._klear_window_end = time.perf_counter()
+            inside = self._klear_time["rollout"] + self._klear_time["old_log_prob"] - before
+            self._klear_time["forward_backward"] += self._klear_window_end - start - inside
 
     # ------------------------------------------------------------------ rollout side
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards_per_func = self._timed("reward", super()._calculate_rewards, inputs, prompts, completions,
+                                       completion_ids_list)
         from accelerate.utils import gather_object
 
         group_ids = gather_object([_prompt_key(x, p) for x, p in zip(inputs, prompts, strict=True)])
@@ -299,7 +390,11 @@ class GPPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        self._klear_in_rollout = True
+        try:
+            output = self._timed("rollout", super()._generate_and_score_completions, inputs)
+        finally:
+            self._klear_in_rollout = False
         rollout, self._klear_rollout = self._klear_rollout, None
         if rollout is None:  # pragma: no cover - TRL always scores through _calculate_rewards
             raise RuntimeError("TRL did not call _calculate_rewards; GPPOTrainer cannot compute advantages")
@@ -340,7 +435,7 @@ class GPPOTrainer(GRPOTrainer):
         output["klear_keep"] = keep
         output["klear_is_correct"] = is_correct[local].to(device)
 
-        # Rollout metrics (spec Sec. 8), over all processes.
+        # Rollout metrics, over all processes.
         n_groups = len(set(group_ids))
         zero_groups = len({g for g, z in zip(group_ids, zero_adv.tolist()) if z})
         truncated_all = self.accelerator.gather(is_truncated)
@@ -360,8 +455,27 @@ class GPPOTrainer(GRPOTrainer):
         if self._buffered_inputs is not before:
             self._buffered_inputs = drop_filtered_samples(self._buffered_inputs)
             self._annotate_optimizer_windows(self._buffered_inputs)
+            self._old_log_probs(self._buffered_inputs)
             inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
         return inputs
+
+    def _old_log_probs(self, micro_batches: list[dict[str, Any]]) -> None:
+        """Set ``old_per_token_logps`` ``(B_i, T_i)`` of every micro-batch of a fresh rollout batch, before any update.
+
+        TRL computes them for the WHOLE rollout batch inside ``_generate_and_score_completions``, filtered
+        samples included; here the same log-prob function runs on each micro-batch after
+        :func:`drop_filtered_samples`, i.e. on the kept samples only and on the exact tensors the loss forward
+        will see, so the first optimizer step's ratio is 1 up to float32 rounding. As in TRL, nothing is
+        computed when each rollout batch feeds exactly one optimizer step (on-policy: ``_compute_loss`` then
+        uses ``log_prob.detach()``).
+        """
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self.args.gradient_accumulation_steps % generate_every == 0:
+            return
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            for mb in micro_batches:
+                if mb.get("old_per_token_logps") is None:
+                    mb["old_per_token_logps"] = self._timed("old_log_prob", self._policy_log_probs, self.model, mb)[0]
 
     def _annotate_optimizer_windows(self, micro_batches: list[dict[str, Any]]) -> None:
         """Store in each micro-batch the exact token/sequence counts of its optimizer step.
@@ -397,31 +511,26 @@ class GPPOTrainer(GRPOTrainer):
         return mask
 
     # ------------------------------------------------------------------ loss side
+    def _policy_log_probs(self, model, inputs: dict[str, Any], compute_entropy: bool = False):
+        """``(log_prob (B, T), entropies (B, T) or None)`` of a micro-batch's completion tokens under ``model``,
+        from TRL's ``_get_per_token_logps_and_entropies`` (temperature-scaled), as the loss uses them."""
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        log_prob, entropies, _ = super()._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([prompt_mask, completion_mask], dim=1),
+            completion_ids.size(1),
+            compute_entropy=compute_entropy,
+            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+        )
+        return log_prob, entropies
+
     def _compute_loss(self, model, inputs):
         args: GPPOConfig = self.args
         mode = "train" if self.model.training else "eval"
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        logits_to_keep = completion_ids.size(1)
-        log_prob, entropies, _ = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            compute_entropy=True,
-            pixel_values=inputs.get("pixel_values"),
-            image_grid_thw=inputs.get("image_grid_thw"),
-            num_images=inputs.get("num_images"),
-            pixel_attention_mask=inputs.get("pixel_attention_mask"),
-            spatial_shapes=inputs.get("spatial_shapes"),
-            num_tiles=inputs.get("num_tiles"),
-            image_sizes=inputs.get("image_sizes"),
-            token_type_ids=inputs.get("token_type_ids"),
-            mm_token_type_ids=inputs.get("mm_token_type_ids"),
-            image_position_ids=inputs.get("image_position_ids"),
-        )
+        completion_mask = inputs["completion_mask"]
+        log_prob, entropies = self._policy_log_probs(model, inputs, compute_entropy=True)
         old_log_prob = inputs.get("old_per_token_logps")
         if old_log_prob is None:  # on-policy step: TRL skips the recomputation, the ratio is exactly 1
             old_log_prob = log_prob.detach()
@@ -473,9 +582,10 @@ class GPPOTrainer(GRPOTrainer):
             n_proc = self.accelerator.num_processes
             m["klear/num_loss_tokens"].append(inputs["klear_num_tokens"].item() * n_proc)
             m["klear/num_sft_tokens"].append(inputs["klear_num_sft_tokens"].item() * n_proc)
-        for key in ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ppo_kl", "ratio_mean", "ratio_max"):
+        reduce = {"ratio_max": torch.amax, "ratio_min": torch.amin}
+        for key in ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ppo_kl", "ratio_mean", "ratio_max",
+                    "ratio_min"):
             if key in pg_metrics:
                 value = torch.as_tensor(pg_metrics[key], dtype=torch.float32, device=log_prob.device).reshape(1)
-                value = gather(value)
-                m[f"klear/{key}"].append((value.max() if key == "ratio_max" else value.mean()).item())
+                m[f"klear/{key}"].append(reduce.get(key, torch.mean)(gather(value)).item())
         return loss

@@ -5,7 +5,6 @@
 * :mod:`klear.sft.data`: SFT files (``messages`` or ``prompt``/``response``), correctness filtering
   by difficulty, and the embedded teacher set;
 * :mod:`klear.sft.teacher`: the procedural arithmetic teacher (worked solutions in ``<think>``);
-* :mod:`klear.sft.generation`: greedy decoding that drops finished sequences (held-out evaluation);
 * :mod:`klear.sft.job` / :mod:`klear.sft.cli`: ``klear sft``.
 
 Heavy imports (torch, TRL) happen in the submodules, not here.

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 
 def _sft(ns: argparse.Namespace) -> int:
-    if "torch" not in sys.modules:
-        # OpenMP threads that spin while waiting make a shared (or busy) CPU several times slower
-        # (measured: 5x for generation on 2 loaded cores); sleeping waits cost little otherwise.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from klear.config import load_config
     from klear.sft.job import run_sft
 

@@ -38,8 +38,6 @@ closes a think block, ``</think>``, and puts a non-empty ``\\boxed{}`` after it)
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import json
 import logging
 import os
@@ -47,7 +45,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +52,8 @@ _TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer"}
 _DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "system_prompt", "instruction",
               "data_source", "filter", "easy_pass_rate"}
 _EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size"}
-_AUTO_FIELDS = ("bf16", "gradient_checkpointing")
 
 __all__ = ["format_compliant", "format_report", "plot_sft_curves", "run_sft", "validate_sft_config"]
-
-
-def _check_keys(section: Any, allowed: set[str], where: str, source: str) -> None:
-    if not isinstance(section, dict):
-        raise ValueError(f"{source}: {where} must be a mapping, got {type(section).__name__}")
-    unknown = sorted(set(section) - allowed)
-    if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown} in {where}; allowed: {sorted(allowed)}")
 
 
 def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
@@ -76,33 +64,17 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
             trainer field that :class:`KlearSFTConfig` does not have (with a "did you mean"), or a
             trainer value of the wrong type.
     """
+    from klear.runs import check_section_keys as _check_keys
+    from klear.runs import check_trainer_section
+    from klear.sft.trainer import KlearSFTConfig
+
     _check_keys(config, _TOP_KEYS, "the top level", source)
     for key in ("model", "output_dir", "data", "trainer"):
         if config.get(key) in (None, ""):
             raise ValueError(f"{source}: '{key}' is required")
     _check_keys(config["data"], _DATA_KEYS, "'data'", source)
     _check_keys(config.get("eval") or {}, _EVAL_KEYS, "'eval'", source)
-    if not isinstance(config["trainer"], dict):
-        raise ValueError(f"{source}: 'trainer' must be a mapping, got {type(config['trainer']).__name__}")
-    from klear.sft.trainer import KlearSFTConfig
-
-    fields = {f.name: f for f in dataclasses.fields(KlearSFTConfig)}
-    unknown = sorted(set(config["trainer"]) - set(fields))
-    if unknown:
-        hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, fields, n=1)) else repr(k)
-                 for k in unknown]
-        raise ValueError(f"{source}: unknown key(s) {', '.join(hints)} in 'trainer' (not KlearSFTConfig/SFTConfig "
-                         f"fields)")
-    for key, value in config["trainer"].items():
-        if key in _AUTO_FIELDS and value == "auto":
-            continue
-        default = fields[key].default
-        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-        if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"{source}: trainer.{key}={value!r} must be a number (default {default!r})")
-        if (isinstance(default, bool) or key in _AUTO_FIELDS) and value is not None and not isinstance(value, bool):
-            raise ValueError(f"{source}: trainer.{key}={value!r} must be true or false"
-                             + (" or auto" if key in _AUTO_FIELDS else ""))
+    check_trainer_section(config["trainer"], KlearSFTConfig, source)
     data = config["data"]
     train = data.get("train")
     if not isinstance(train, str) or not train:
@@ -117,21 +89,14 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
         raise ValueError(f"{source}: data.filter={data.get('filter')!r} must be none, correct or by_difficulty")
 
 
-def _device_defaults(trainer_cfg: dict[str, Any]) -> dict[str, Any]:
-    """Resolve ``auto`` (bf16, gradient checkpointing: on with a CUDA GPU) and CPU settings."""
-    import torch
+def _device_defaults(trainer_cfg: dict[str, Any], source: str = "config"):
+    """``(trainer section with device/precision resolved, Precision)``: see :mod:`klear.precision`."""
+    from klear.precision import resolve_trainer_precision
 
-    out = dict(trainer_cfg)
-    gpu = torch.cuda.is_available()
-    for key in _AUTO_FIELDS:
-        if out.get(key) == "auto":
-            out[key] = gpu and (key != "bf16" or torch.cuda.is_bf16_supported())
-    if not gpu:
-        out.setdefault("use_cpu", True)
-        out.setdefault("bf16", False)  # TRL's default is bf16=True, which on CPU means slow autocast
-        if out.get("bf16") or out.get("fp16"):
-            raise ValueError("trainer.bf16 / trainer.fp16 need a GPU; none is visible (use bf16: auto)")
-    return out
+    try:
+        return resolve_trainer_precision(trainer_cfg)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
 
 
 def _build_datasets(data: dict[str, Any], seed: int):
@@ -180,36 +145,21 @@ def format_compliant(text: str) -> bool:
 def _heldout_eval(model, tokenizer, heldout, eval_cfg: dict, path: Path, *, reuse: bool) -> dict[str, Any]:
     """Greedy held-out accuracy and format compliance; saved to ``path`` (reused on resume).
 
-    Generation is :func:`klear.sft.generation.greedy_generate` (finished sequences leave the batch);
-    scoring is :func:`klear.rewards.compute_scores` with each row's ``data_source``, and a problem is
-    correct when its reward is 1.0, as in :func:`klear.eval.heldout.evaluate`, whose result layout
-    this follows (plus ``format_ok``, ``format_rate``, ``think_closed_rate``, ``mean_completion_tokens``).
+    :func:`klear.runs.heldout_eval` (the evaluator ``klear rl`` uses too) plus ``format_ok``,
+    ``format_rate``, ``think_closed_rate`` and ``mean_completion_tokens``.
     """
-    from klear.eval.heldout import CORRECT_SCORE
-    from klear.rewards import compute_scores
-    from klear.sft.generation import greedy_generate
+    from klear.runs import heldout_eval
 
-    if reuse and path.is_file():
-        return json.loads(path.read_text())
-    rows = [heldout[i] for i in range(len(heldout))]
-    completions = greedy_generate(model, tokenizer, [r["prompt"] for r in rows],
-                                  max_new_tokens=int(eval_cfg["max_new_tokens"]),
-                                  batch_size=int(eval_cfg["batch_size"]))
-    rewards = [float(x) for x in compute_scores([r["data_source"] for r in rows], completions,
-                                                [r["reward_model"]["ground_truth"] for r in rows],
-                                                [r.get("extra_info") for r in rows])]
-    n = len(rows)
-    result: dict[str, Any] = {"n": n, "correct": [r == CORRECT_SCORE for r in rewards], "rewards": rewards,
-                              "completions": completions,
-                              "prompt_ids": [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]}
-    result["accuracy"] = sum(result["correct"]) / max(1, n)
-    result["format_ok"] = [format_compliant(c) for c in completions]
-    result["format_rate"] = sum(result["format_ok"]) / max(1, n)
-    result["think_closed_rate"] = sum("</think>" in c for c in completions) / max(1, n)
-    result["mean_completion_tokens"] = sum(len(tokenizer(c, add_special_tokens=False)["input_ids"])
-                                           for c in completions) / max(1, n)
-    path.write_text(json.dumps(result, indent=1))
-    return result
+    def annotate(result: dict[str, Any]) -> None:
+        completions, n = result["completions"], max(1, result["n"])
+        result["format_ok"] = [format_compliant(c) for c in completions]
+        result["format_rate"] = sum(result["format_ok"]) / n
+        result["think_closed_rate"] = sum("</think>" in c for c in completions) / n
+        result["mean_completion_tokens"] = sum(len(tokenizer(c, add_special_tokens=False)["input_ids"])
+                                               for c in completions) / n
+
+    return heldout_eval(model, tokenizer, heldout, max_new_tokens=eval_cfg["max_new_tokens"],
+                        batch_size=eval_cfg["batch_size"], path=path, reuse=reuse, annotate=annotate)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -303,19 +253,13 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
 
+    from klear.runs import resolve_resume, start_run
+
     out = Path(config["output_dir"])
     ckpt_dir = out / "checkpoints"
-    if resume is True:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-        if last is None:
-            raise FileNotFoundError(f"--resume: no checkpoint found in {ckpt_dir}")
-        resume = last
-    elif resume and not Path(resume).is_dir():
-        raise FileNotFoundError(f"--resume: checkpoint {resume} does not exist")
+    resume = resolve_resume(out, resume)
     seed = int(config.get("seed", 0))
-    trainer_cfg = _device_defaults(config["trainer"])
+    trainer_cfg, precision = _device_defaults(config["trainer"], source)
     trainer_cfg.setdefault("seed", seed)
     trainer_cfg.setdefault("logging_steps", 1)
     trainer_cfg.setdefault("report_to", ["tensorboard"])
@@ -330,8 +274,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     train, heldout, filter_stats = _build_datasets(config["data"], seed)
     logger.info("data: %d SFT examples, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0,
                 time.time() - t0)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    start_run(out, config, trainer_cfg, precision, stage="sft")
     if config["data"]["train"] == "teacher":  # generated data: keep it for inspection (a file is already a file)
         train.to_json(str(out / "sft_data.jsonl"), lines=True, force_ascii=False)
     torch.manual_seed(seed)
