@@ -100,12 +100,12 @@ def test_default_template_is_the_r1_wording():
 
 
 @pytest.mark.parametrize("content,needle", [
-    ('{"problem": "x", "answer": "1"}\n{"problem": "y", "answer": \n', ":2: invalid JSON"),
-    ('{"problem": "x", "answer": "1"}\n\n[1, 2]\n', ":3: expected a JSON object"),
-    ('{"problem": "x", "answer": "1"}\n{"problem": "y"}\n', ":2: no answer"),
-    ('{"problem": "x", "answer": "1"}\n{"answer": "2"}\n', ":2: no prompt"),
-    ('{"messages": [{"role": "user"}], "answer": "1"}\n', ":1: messages[0]"),
-    ('{"id": 1, "problem": "x", "answer": "1"}\n{"id": 1, "problem": "y", "answer": "2"}\n', ":2: duplicate problem id"),
+    ('{"problem": "x", "answer": "1"}\n{"problem": "y", "answer": \n', ": line 2 (row 1): invalid JSON"),
+    ('{"problem": "x", "answer": "1"}\n\n[1, 2]\n', ": row 1: is list [1, 2] (expected a JSON object)"),
+    ('{"problem": "x", "answer": "1"}\n{"problem": "y"}\n', ": row 1: no answer"),
+    ('{"problem": "x", "answer": "1"}\n{"answer": "2"}\n', ": row 1: no prompt"),
+    ('{"messages": [{"role": "user"}], "answer": "1"}\n', ": row 0: messages[0]"),
+    ('{"id": 1, "problem": "x", "answer": "1"}\n{"id": 1, "problem": "y", "answer": "2"}\n', ": row 1: duplicate problem id"),
 ])
 def test_malformed_benchmark_lines_name_file_and_line(tmp_path, content, needle):
     f = tmp_path / "bad.jsonl"
@@ -122,7 +122,7 @@ def test_gzip_and_json_array_files(tmp_path):
     assert [p.ground_truth for p in load_benchmark(str(gz)).problems] == ["1", "2"]
     arr = tmp_path / "y.json"
     arr.write_text(json.dumps(rows + [{"problem": "c"}]))
-    with pytest.raises(ValueError, match=r"y\.json\[2\]: no answer"):
+    with pytest.raises(ValueError, match=r"y\.json: row 2: no answer"):
         load_benchmark(str(arr))
     assert [p.problem_id for p in load_benchmark(str(arr), limit=2).problems] == ["item0", "item1"]
 
@@ -195,12 +195,12 @@ def test_livecodebench_errors_name_the_line(tmp_path):
     rows = lcb_rows()
     rows[1]["metadata"] = "{}"  # functional without func_name
     f = _write_jsonl(tmp_path / "lcb.jsonl", rows)
-    with pytest.raises(ValueError, match=r"lcb\.jsonl:2: functional tests need metadata\.func_name"):
+    with pytest.raises(ValueError, match=r"lcb\.jsonl: row 1: functional tests need metadata\.func_name"):
         load_benchmark(str(f))
     rows = lcb_rows()
     rows[2]["public_test_cases"] = "[]"
     f = _write_jsonl(tmp_path / "lcb2.jsonl", rows)
-    with pytest.raises(ValueError, match=r"lcb2\.jsonl:3: problem has no test cases"):
+    with pytest.raises(ValueError, match=r"lcb2\.jsonl: row 2: problem has no test cases"):
         load_benchmark(str(f))
 
 

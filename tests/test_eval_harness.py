@@ -75,7 +75,7 @@ def test_judge_only_with_benchmark_lookup_and_errors(tmp_path):
     s = judge_only(samples, tmp_path / "o", benchmark=b, id_field="id")
     assert s["avg_at_n"]["mean"] == 0.5 and s["pass_at_k"]["2"] == 1.0
     bad = _jsonl(tmp_path / "s2.jsonl", [{"id": "zzz", "output": "x"}])
-    with pytest.raises(ValueError, match=r"s2\.jsonl:1: problem 'zzz' is not in"):
+    with pytest.raises(ValueError, match=r"s2\.jsonl: row 0: problem 'zzz' is not in"):
         judge_only(bad, tmp_path / "o2", benchmark=b, id_field="id")
     partial = _jsonl(tmp_path / "s3.jsonl", [{"id": "a", "output": "x"}])
     with pytest.raises(ValueError, match="have no samples"):
@@ -83,14 +83,14 @@ def test_judge_only_with_benchmark_lookup_and_errors(tmp_path):
 
 
 @pytest.mark.parametrize("content,needle", [
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": \n', ":2: invalid JSON"),
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "answer": "1"}\n', ":2: no response"),
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"response": "x", "answer": "1"}\n', ":2: no problem id"),
-    ('{"problem_id": "a", "response": "x"}\n', ":1: no ground truth"),
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": \n', ": line 2 (row 1): invalid JSON"),
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "answer": "1"}\n', ": row 1: no response"),
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"response": "x", "answer": "1"}\n', ": row 1: no problem id"),
+    ('{"problem_id": "a", "response": "x"}\n', ": row 0: no ground truth"),
     ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": "y", "answer": "2"}\n',
-     ":2: problem 'a' has a different ground truth"),
+     ": row 1: problem 'a' has a different ground truth"),
     ('{"problem_id": "a", "sample_index": 0, "response": "x", "answer": "1"}\n'
-     '{"problem_id": "a", "sample_index": 0, "response": "y", "answer": "1"}\n', ":2: duplicate sample"),
+     '{"problem_id": "a", "sample_index": 0, "response": "y", "answer": "1"}\n', ": row 1: duplicate sample"),
 ])
 def test_malformed_sample_lines_name_file_and_line(tmp_path, content, needle):
     f = tmp_path / "samples.in.jsonl"

@@ -375,3 +375,120 @@ def test_list_ground_truth_any_acceptable_answer_counts():
     assert compute_score("math_x", r"\boxed{[0, 1)}", "[0, 1)") == 1.0
     assert compute_scores(["math_x"] * 3, [r"\boxed{2}", r"\boxed{7}", r"\boxed{5}"],
                           [["1", "2"], "7", '["4", "6"]']) == [1.0, 1.0, -1.0]
+
+
+# ------------------------------------------- a worker killed while holding a pool lock
+def _hold_channel_lock_in_dead_process(pool) -> None:
+    """Reproduce the wedge of issue 14: a process takes the workers' channel lock and is
+    SIGKILLed before releasing it, as a pool worker killed by the OOM killer between
+    receiving a task and acknowledging it (or while sending its result) would."""
+    mutex = pool._pool._pool_manager.worker_manager.workers_channel.mutex
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        mutex.reader_mutex.acquire()
+        mutex.writer_mutex.acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert not mutex.acquire(block=True, timeout=0.2), "lock should be held by the dead process"
+
+
+def _score_in_thread(fn, limit_s: float):
+    box: dict[str, object] = {}
+
+    def target():
+        t0 = time.monotonic()
+        box["value"] = fn()
+        box["elapsed"] = time.monotonic() - t0
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    th.join(limit_s)
+    assert not th.is_alive(), f"scoring did not return within {limit_s:g} s (pool wedged)"
+    return box["value"], box["elapsed"]
+
+
+def test_pool_recovers_from_a_lock_held_by_a_killed_worker():
+    pool = get_math_pool()
+    assert math_score(boxed("0.5"), r"\frac{1}{2}") == 1.0  # pool up
+    created = pool.pools_created
+    _hold_channel_lock_in_dead_process(pool)
+    res, elapsed = _score_in_thread(lambda: math_score_detailed(boxed("0.25"), r"\frac{1}{4}"), 30)
+    assert (res.score, res.reason) == (1.0, "correct"), res
+    assert elapsed < 15, elapsed
+    assert pool.pools_created > created  # the wedged pool was replaced
+    # the batch path recovers the same way
+    _hold_channel_lock_in_dead_process(pool)
+    golds = [r"\frac{1}{3}", "2^{10}", r"\sqrt{2}", "0.75"]
+    answers = ["1/3", "1024", r"2^{1/2}", r"\frac{3}{4}"]
+    res, elapsed = _score_in_thread(
+        lambda: math_score_batch_detailed([boxed(a) for a in answers], golds), 30
+    )
+    assert [r.score for r in res] == [1.0] * 4, res
+    assert elapsed < 15, elapsed
+
+
+def test_scoring_under_random_worker_kills_stays_bounded():
+    """Stress (issue 14): threads score while pool workers are SIGKILLed every 0.3 s.
+
+    Every call must return in bounded time (never the 900 s queue limit), and once the
+    killing stops correct answers score +1 again within seconds."""
+    pool = get_math_pool()
+    assert math_score(boxed("0.5"), r"\frac{1}{2}") == 1.0
+    stop = threading.Event()
+    durations: list[float] = []
+
+    def killer():
+        import random
+
+        rng = random.Random(0)
+        while not stop.is_set():
+            try:
+                pids = list(pool._pool._pool_manager.worker_manager.workers)
+            except AttributeError:
+                pids = []
+            if pids:
+                try:
+                    os.kill(rng.choice(pids), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.3)
+
+    def scorer(k: int):
+        end = time.monotonic() + 8
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            math_score(boxed(f"{k}/{k + 1}"), rf"\frac{{{k}}}{{{k + 1}}}", timeout_s=2.0)
+            durations.append(time.monotonic() - t0)
+
+    kth = threading.Thread(target=killer, daemon=True)
+    kth.start()
+    threads = [threading.Thread(target=scorer, args=(k,), daemon=True) for k in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    stop.set()
+    kth.join(5)
+    assert not any(t.is_alive() for t in threads), "a scoring call hung under worker kills"
+    assert durations and max(durations) < 60, max(durations)
+    res, elapsed = _score_in_thread(lambda: math_score_detailed(boxed("0.2"), r"\frac{1}{5}"), 30)
+    assert (res.score, elapsed < 10) == (1.0, True), (res, elapsed)
+
+
+# ------------------------------------------------------- integer golds over 4,300 digits
+def test_integer_golds_longer_than_python_str_limit_are_judged_in_any_order():
+    """Python refuses int<->str conversion above 4,300 digits; the judge must not call such a
+    gold invalid, and the verdict must not depend on which response came first."""
+    gold = "7" * 4400
+    wrong = "7" * 4399 + "8"
+    # a wrong answer first (it reaches math-verify and, before the fix, flagged the gold invalid)
+    first = math_score_detailed(boxed(wrong), gold)
+    assert (first.score, first.reason) == (-1.0, "wrong"), first
+    for answer, expected in [(gold, 1.0), (gold + ".0", 1.0), ("7" * 4401, -1.0), (wrong, -1.0)]:
+        res = math_score_detailed(boxed(answer), gold)
+        assert res.score == expected and res.reason != "invalid_gold", (answer[-4:], res)
+    # a Python int gold of 5,001 digits (str(int) itself raises there)
+    big = 10**5000 + 7
+    ref = "1" + "0" * 4996 + "0007"
+    assert math_score(boxed(ref), big) == 1.0
+    assert math_score(boxed(ref[:-1] + "8"), big) == -1.0

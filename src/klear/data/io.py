@@ -11,8 +11,10 @@ Formats (chosen by the file name):
 
 Any layout works (the verl RL layout ``prompt``/``data_source``/``reward_model``/``extra_info``
 and the chat SFT layout ``messages``); each command validates the fields it reads. Row numbers
-are 0-based over the rows (blank lines not counted), as in :mod:`klear.data.rl_data`; errors
-read ``<file>: row N: field 'X' is ... (expected ...)``.
+are 0-based over the rows (blank lines not counted) in every stage (``klear rl``, ``sft``,
+``eval`` and ``data`` all read files through :func:`iter_records`); errors read
+``<file>: row N: field 'X' is ... (expected ...)``, and errors in the text of a JSONL line (invalid
+JSON, not UTF-8) also give its 1-based line: ``<file>: line L (row N): ...``.
 
 Every command writes, next to its output ``OUT``: ``OUT.report.json`` (counts in/out, removed
 rows by reason, parameters, timings) and, when rows were removed, ``OUT.removed.jsonl`` (one
@@ -29,6 +31,7 @@ import os
 import shutil
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain, islice
@@ -111,6 +114,34 @@ def file_kind(path: str | os.PathLike) -> str:
     raise ValueError(f"{path}: unsupported file type (expected .jsonl, .json, .parquet, .jsonl.gz or .json.gz)")
 
 
+def _open_binary(path: Path):
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _read_line(path: Path, fh) -> bytes:
+    try:
+        return fh.readline()
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path}: not a readable gzip file ({exc})") from None
+
+
+def _read_rest(path: Path, fh) -> bytes:
+    try:
+        return fh.read()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{path}: not a readable gzip file ({exc})") from None
+
+
+def _decode_line(path: Path, raw: bytes, lineno: int, row: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: line {lineno} (row {row}): not valid UTF-8 ({exc.reason} at byte "
+                         f"{exc.start} of the line)") from None
+
+
 def _open_text(path: Path):
     if path.name.lower().endswith(".gz"):
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
@@ -156,19 +187,27 @@ def iter_batches(path: str | os.PathLike, batch_size: int = DEFAULT_BATCH, *,
     if kind == "parquet":
         yield from _parquet_batches(path, batch_size)
         return
-    with _open_text(path) as fh:
-        first, first_lineno = "", 0
+    with _open_binary(path) as fh:
+        first, first_lineno = b"", 0
         while True:  # peek past leading blank lines for a JSON array
-            line = fh.readline()
+            line = _read_line(path, fh)
             first_lineno += 1
             if not line:
                 return
             if line.strip():
                 first = line
                 break
-        if kind == "json" and first.lstrip().startswith("["):
+        if kind == "json" and first.lstrip().startswith(b"["):
+            raw = first + _read_rest(path, fh)
             try:
-                data = json.loads(first + fh.read())
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                lineno = first_lineno + raw[: exc.start].count(b"\n")
+                col = exc.start - raw.rfind(b"\n", 0, exc.start) - 1
+                raise ValueError(f"{path}: line {lineno}: not valid UTF-8 ({exc.reason} at byte {col} "
+                                 f"of the line)") from None
+            try:
+                data = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}: invalid JSON array: {exc}") from exc
             if not isinstance(data, list):
@@ -221,17 +260,19 @@ def _check_objects(path: Path, batch: list[Record]) -> None:
                              f"(expected a JSON object)")
 
 
-def _jsonl_batches(path: Path, fh, first: str, first_lineno: int, batch_size: int,
+def _jsonl_batches(path: Path, fh, first: bytes, first_lineno: int, batch_size: int,
                    parse: bool) -> Iterator[list[Record]]:
     batch: list[Record] = []
     row = 0
     lineno = first_lineno - 1
-
-    for line in chain((first,), fh):
+    line = first
+    while line:
         lineno += 1
-        s = line.rstrip("\r\n")
-        if not s or s.isspace():
+        raw = line.rstrip(b"\r\n")
+        line = _read_line(path, fh)
+        if not raw or raw.isspace():
             continue
+        s = _decode_line(path, raw, lineno, row)
         batch.append(Record(row, parse_line(path, row, lineno, s) if parse else None, s, lineno))
         row += 1
         if len(batch) >= batch_size:

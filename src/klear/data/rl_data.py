@@ -304,34 +304,12 @@ _GT_EXPECTED = "expected a non-empty string or number, or a non-empty list of th
 
 
 def _read_records(path: Path) -> list[Any]:
-    """Raw records of a JSONL/JSON or parquet file (blank JSONL lines are skipped)."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
+    """Rows of a JSONL / JSON / parquet file (also ``.jsonl.gz`` / ``.json.gz``), through the one
+    row reader of every stage (:func:`klear.data.io.iter_records`: 0-based rows, blank lines not
+    counted; invalid JSON and non-UTF-8 text name the file, the 1-based line and the row)."""
+    from klear.data.io import iter_records
 
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as exc:
-            raise ValueError(f"{path}: not a readable parquet file: {exc}") from exc
-    if suffix not in (".jsonl", ".json"):
-        raise ValueError(f"{path}: unsupported file type {suffix!r} (expected .jsonl, .json or .parquet)")
-    text = path.read_text(encoding="utf-8")
-    if suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: invalid JSON array: {exc}") from exc
-        return list(data)
-    records = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: line {lineno} (row {len(records)}): invalid JSON: {exc.msg} "
-                             f"at column {exc.colno}") from exc
-    return records
+    return [rec.data for rec in iter_records(path)]
 
 
 def _check_messages(where: str, prompt: Any) -> list[dict]:

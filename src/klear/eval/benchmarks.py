@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-import gzip
 import hashlib
 import io
 import json
@@ -164,49 +163,38 @@ class Benchmark:
 
 
 # ----------------------------------------------------------------------------------- reading
-def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
-    """Yield ``(where, record)`` for every record of a JSONL / JSONL.gz / JSON-array file.
+class Where(str):
+    """``"<file>: row N"`` (0-based row, as in every stage), plus the record's position id
+    (``line<L>`` for a JSONL line, ``item<N>`` for a JSON array or parquet row) used as the
+    problem id of records without an id field."""
 
-    ``where`` is ``"<path>:<line>"`` (1-based) for JSONL and ``"<path>[<index>]"`` for a JSON
-    array. Blank lines are skipped.
+    position_id: str
+
+    def __new__(cls, text: str, position_id: str) -> Where:
+        obj = super().__new__(cls, text)
+        obj.position_id = position_id
+        return obj
+
+
+def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """Yield ``(where, record)`` for every record of a JSONL / JSON / parquet file (also
+    ``.jsonl.gz`` / ``.json.gz``), read by the one row reader of every stage
+    (:func:`klear.data.io.iter_records`).
+
+    ``where`` (a :class:`Where`) is ``"<path>: row N"``, N 0-based over the rows (blank lines
+    not counted).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line that is not valid JSON or not a JSON object (names file and line).
+        ValueError: invalid JSON, text that is not UTF-8 (both name the file, the 1-based line
+            and the row) or a row that is not a JSON object.
     """
+    from klear.data import io as rows_io
+
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such file")
-    raw = p.read_bytes()
-    if p.suffix == ".gz":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
-            raise ValueError(f"{p}: not a readable gzip file ({e})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{p}: not UTF-8 text ({e})") from None
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{e.lineno}: invalid JSON array ({e.msg})") from None
-        for i, rec in enumerate(data):
-            if not isinstance(rec, dict):
-                raise ValueError(f"{p}[{i}]: expected a JSON object, got {type(rec).__name__}")
-            yield f"{p}[{i}]", rec
-        return
-    for lineno, line in enumerate(io.StringIO(text), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{p}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-        yield f"{p}:{lineno}", rec
+    for rec in rows_io.iter_records(p):
+        pos = f"line{rec.lineno}" if rec.lineno is not None else f"item{rec.row}"
+        yield Where(f"{p}: row {rec.row}", pos), rec.data
 
 
 _MISSING = object()
@@ -473,10 +461,9 @@ def _is_verl(rec: dict) -> bool:
 
 
 def _position_id(where: str) -> str:
-    """``line<N>`` for ``path:N``, ``item<i>`` for ``path[i]`` (ids of records without an id field)."""
-    if where.endswith("]") and "[" in where:
-        return "item" + where.rsplit("[", 1)[1][:-1]
-    return "line" + where.rsplit(":", 1)[-1]
+    """``line<L>`` for a JSONL line, ``item<i>`` for a JSON array item (ids of records without an
+    id field; see :class:`Where`)."""
+    return where.position_id if isinstance(where, Where) else "item0"
 
 
 def _benchmark_name(path: Path) -> str:

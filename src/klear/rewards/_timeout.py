@@ -11,6 +11,16 @@ Robustness rules:
 - The pool is created on first use and re-created when it is no longer usable: after
   ``os.fork()`` (a pool belongs to the process that made it), or when pebble marks it
   broken (for example every worker was killed while idle).
+- A worker killed from outside (OOM killer, ``kill -9``) while it holds pebble's channel
+  lock (between taking a task and acknowledging it, or while sending a result) leaves that
+  lock held by a dead process: every other worker then waits on it, the task it took is
+  never started, and pebble can no longer stop workers at their limit (it needs the same
+  lock). Without a check, callers waited for the 900 s queue limit. So a waiter that has
+  waited :data:`STALL_CHECK_S` seconds, or whose task's worker died, probes the lock (at
+  most once per :data:`STALL_CHECK_S` per pool); when it cannot be taken within
+  :data:`LOCK_PROBE_S` seconds the pool is declared wedged, replaced, and every task still
+  waiting on it is resubmitted to the new pool. A task whose worker died while running
+  it (``crashed``) is retried once, since the cause is usually outside the task.
 - :meth:`TimedProcessPool.run` never raises for a task-level problem; it returns a
   :class:`TaskOutcome` whose ``status`` says what happened.
 - Safe to call concurrently from many threads.
@@ -49,6 +59,13 @@ logger = logging.getLogger(__name__)
 KILL_GRACE_S = 10.0
 #: Longest a task may wait in the queue before it starts (safety net, should never hit).
 DEFAULT_QUEUE_LIMIT_S = 900.0
+#: A waiter that has waited this long checks whether the pool's channel lock is wedged.
+STALL_CHECK_S = 2.0
+#: How long the check waits for the lock before declaring it held by a dead worker (live
+#: workers hold it for microseconds).
+LOCK_PROBE_S = 2.0
+#: Attempts :meth:`TimedProcessPool.run` makes when the pool fails under a task.
+RUN_ATTEMPTS = 4
 _POLL_S = 0.25
 
 OutcomeStatus = Literal["ok", "timeout", "crashed", "error", "pool_error"]
@@ -163,12 +180,31 @@ def _reset_after_fork() -> None:  # pragma: no cover - runs in forked children
     # lock that another parent thread held at fork time would stay locked forever.
     for p in list(_LIVE_POOLS):
         p._lock = threading.Lock()
+        p._probe_lock = threading.Lock()
         p._pool = None
         p._pool_pid = None
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _channel_lock_is_wedged(pool: ProcessPool, timeout_s: float = LOCK_PROBE_S) -> bool:
+    """True when pebble's worker-channel lock cannot be taken within *timeout_s*.
+
+    Live workers hold it only to take one task off the pipe or to write one result, so a
+    lock that stays held belongs to a worker that died holding it. Uses pebble internals
+    (5.x); when they are missing the check says "not wedged" and the queue limit remains.
+    """
+    try:
+        mutex = pool._pool_manager.worker_manager.workers_channel.mutex
+        acquired = mutex.acquire(block=True, timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - other pebble version, closed channel
+        return False
+    if acquired:
+        mutex.release()
+        return False
+    return True
 
 
 class TimedProcessPool:
@@ -202,6 +238,9 @@ class TimedProcessPool:
         self._pool: ProcessPool | None = None
         self._pool_pid: int | None = None
         self.pools_created = 0  # how many pebble pools this object has built (for tests)
+        self._retired: weakref.WeakSet[ProcessPool] = weakref.WeakSet()  # wedged, replaced
+        self._probe_lock = threading.Lock()
+        self._last_probe = 0.0
         _LIVE_POOLS.add(self)
 
     # ------------------------------------------------------------------ pool life cycle
@@ -281,6 +320,39 @@ class TimedProcessPool:
             except Exception:  # noqa: BLE001
                 pass
 
+    def _check_wedged(self, pool: ProcessPool | None, *, force: bool = False) -> bool:
+        """Probe *pool*'s channel lock (rate-limited); replace the pool when it is wedged.
+
+        Returns True when *pool* is (now) retired as wedged, so its tasks must be resubmitted.
+        """
+        if pool is None:
+            return False
+        if pool in self._retired:
+            return True
+        now = time.monotonic()
+        if not force and now - self._last_probe < STALL_CHECK_S:
+            return False
+        if not self._probe_lock.acquire(blocking=False):
+            return pool in self._retired  # another thread is probing
+        try:
+            if pool in self._retired:
+                return True
+            if self._pool is not pool or self._pool_pid != os.getpid():
+                return False  # already replaced for another reason; its waiters still finish
+            wedged = _channel_lock_is_wedged(pool)
+            self._last_probe = time.monotonic()
+            if wedged:
+                logger.warning(
+                    "%s: a worker died holding the pool's channel lock; starting a new pool "
+                    "and resubmitting the waiting tasks",
+                    self.name,
+                )
+                self._retired.add(pool)
+                self._discard(pool)
+            return wedged
+        finally:
+            self._probe_lock.release()
+
     # ------------------------------------------------------------------------- tasks
     def submit(
         self, fn: Callable[..., Any], args: tuple = (), *, timeout_s: float
@@ -301,7 +373,9 @@ class TimedProcessPool:
             pool = None
             try:
                 pool = self._get_pool()
-                return pool.schedule(fn, args=args, timeout=timeout_s)
+                future = pool.schedule(fn, args=args, timeout=timeout_s)
+                future._klear_pool = pool  # type: ignore[attr-defined]  # for wait()
+                return future
             except Exception as exc:  # noqa: BLE001 - "The Pool is not active", OSError, ...
                 last = exc
                 if pool is not None:
@@ -323,6 +397,7 @@ class TimedProcessPool:
         """
         t_submit = time.monotonic()
         t_running: float | None = None
+        pool = getattr(future, "_klear_pool", None)
         while True:
             try:
                 value = future.result(timeout=_POLL_S)
@@ -334,12 +409,17 @@ class TimedProcessPool:
             except concurrent.futures.CancelledError:
                 return TaskOutcome("timeout", detail="cancelled")
             except ProcessExpired as exc:
+                # A worker that died while sending its result may hold the channel lock.
+                self._check_wedged(pool, force=True)
                 return TaskOutcome("crashed", detail=f"worker died (exit code {exc.exitcode})")
             except BrokenProcessPool as exc:
                 return TaskOutcome("pool_error", detail=repr(exc))
             except BaseException as exc:  # noqa: BLE001 - raised inside the worker function
                 return TaskOutcome("error", detail=repr(exc)[:500])
             now = time.monotonic()
+            if now - t_submit > STALL_CHECK_S and self._check_wedged(pool):
+                future.cancel()
+                return TaskOutcome("pool_error", detail="pool wedged by a dead worker; replaced")
             if future.running():
                 if t_running is None:
                     t_running = now
@@ -350,22 +430,28 @@ class TimedProcessPool:
                 future.cancel()
                 return TaskOutcome("pool_error", detail=f"not started within {queue_limit_s:g} s")
 
-    def run(self, fn: Callable[..., Any], args: tuple = (), *, timeout_s: float) -> TaskOutcome:
-        """``submit`` + ``wait``; a pool-level failure is retried once on a fresh pool.
+    def run(
+        self, fn: Callable[..., Any], args: tuple = (), *, timeout_s: float, crashed_retries: int = 1
+    ) -> TaskOutcome:
+        """``submit`` + ``wait``; a pool-level failure is retried on a fresh pool (up to
+        :data:`RUN_ATTEMPTS` attempts), a ``crashed`` task *crashed_retries* times.
 
         Never raises except ``ValueError`` for a non-positive ``timeout_s``.
         """
         outcome = TaskOutcome("pool_error", detail="not run")
-        for _ in range(2):
+        crashes = 0
+        for _ in range(RUN_ATTEMPTS):
             try:
                 future = self.submit(fn, args, timeout_s=timeout_s)
             except RuntimeError as exc:
                 return TaskOutcome("pool_error", detail=str(exc))
             outcome = self.wait(future, timeout_s=timeout_s)
+            if outcome.status == "crashed" and crashes < crashed_retries:
+                crashes += 1
+                continue
             if outcome.status != "pool_error":
                 return outcome
-            with self._lock:
-                pool = self._pool
-            if pool is not None:
+            pool = getattr(future, "_klear_pool", None)
+            if pool is not None and pool not in self._retired:
                 self._discard(pool)
         return outcome

@@ -66,10 +66,12 @@ Pipeline (:func:`math_score_detailed`):
 
 from __future__ import annotations
 
+import decimal
 import logging
 import numbers
 import os
 import re
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -430,6 +432,11 @@ def _worker_init(cap_memory: bool = False) -> None:
     import math_verify.parser
     from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
+    # Python refuses int<->str conversions above 4,300 digits (a DoS guard); math-verify
+    # converts golds and answers that way, so long integer golds became "invalid_gold".
+    # Here the pool's time limit bounds the cost instead.
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
     math_verify.parser.TIMEOUT_WARNING_SHOWN = True
     math_verify.grader.TIMEOUT_WARNING_SHOWN = True
     _install_numeric_rule()
@@ -538,6 +545,8 @@ def _flag_invalid_gold(gold: object, why: str) -> None:
 def _gold_string(ground_truth: object) -> str | None:
     if isinstance(ground_truth, str):
         return ground_truth
+    if isinstance(ground_truth, numbers.Integral) and not isinstance(ground_truth, bool):
+        return str(decimal.Decimal(int(ground_truth)))  # str(int) fails above 4,300 digits
     if isinstance(ground_truth, numbers.Number) and not isinstance(ground_truth, bool):
         return str(ground_truth)
     return None
@@ -726,11 +735,12 @@ def math_score_batch_detailed(
             if future is not None
             else TaskOutcome("pool_error", detail="could not schedule")
         )
-        if outcome.status == "pool_error":
+        if outcome.status in ("pool_error", "crashed"):  # same retries as a single call
             outcome = _POOL.run(
                 verify_answer,
                 (job.gold, job.answer, FLOAT_ROUNDING, NUMERIC_PRECISION),
                 timeout_s=timeout_s,
+                crashed_retries=0 if outcome.status == "crashed" else 1,
             )
         results[i] = _finish(job, outcome)
     return [r if r is not None else _wrong("error") for r in results]
