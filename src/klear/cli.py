@@ -35,8 +35,16 @@ def _rl(ns: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (``klear eval: error: ... (see
+    klear eval --help)``) instead of the whole usage block; sub-parsers inherit the class."""
+
+    def error(self, message: str):  # noqa: D102
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="klear", description="Klear-Reasoner post-training: GPPO RL and friends.")
+    parser = OneLineErrorParser(prog="klear", description="Klear-Reasoner post-training: GPPO RL and friends.")
     sub = parser.add_subparsers(dest="command", required=True)
     rl = sub.add_parser(
         "rl",

@@ -2,7 +2,9 @@
 
 A recipe is a YAML mapping. ``load_config(path, overrides)`` reads it and applies overrides of the
 form ``a.b.c=value`` (the value is parsed as YAML, so ``3``, ``1e-6``, ``true``, ``null`` and
-``[1, 2]`` get their natural types). Unknown keys are caught by the code that consumes each
+``[1, 2]`` get their natural types). Recipes and overrides are read with YAML 1.2 booleans: only
+``true`` / ``false`` are booleans, so ``save_strategy=no`` or ``on`` stay the strings TRL expects
+(PyYAML's YAML 1.1 default turns ``yes/no/on/off/y/n`` into booleans). Unknown keys are caught by the code that consumes each
 section, which names the file and the key.
 """
 
@@ -16,6 +18,33 @@ from typing import Any
 import yaml
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+class _Yaml12BoolLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` whose booleans are YAML 1.2's (``true``/``false`` only)."""
+
+
+_Yaml12BoolLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12BoolLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text the way every recipe and override is read (YAML 1.2 booleans)."""
+    return yaml.load(text, Loader=_Yaml12BoolLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def yaml_error_line(e: yaml.YAMLError) -> str:
+    """A YAML error as one line: what is wrong and where (1-based line and column)."""
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{what}" + (f" ({context})" if context else "")
 
 
 def find_config(name_or_path: str | Path) -> Path:
@@ -47,9 +76,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key.strip() or any(not p for p in parts):
         raise ValueError(f"override {text!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as e:
-        raise ValueError(f"override {text!r}: value is not valid YAML ({e})") from None
+        raise ValueError(f"override {text!r}: value is not valid YAML ({yaml_error_line(e)})") from None
     return parts, _coerce_numbers(value)
 
 
@@ -96,9 +125,9 @@ def load_config(name_or_path: str | Path, overrides: list[str] | None = None) ->
     """
     path = find_config(name_or_path)
     try:
-        config = yaml.safe_load(path.read_text())
+        config = load_yaml(path.read_text())
     except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e})") from None
+        raise ValueError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(config).__name__}")
     return apply_overrides(_coerce_numbers(config), overrides or []), path

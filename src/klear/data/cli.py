@@ -23,9 +23,12 @@ import argparse
 __all__ = ["add_parser"]
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", metavar="IN", help="input rows: .jsonl, .json, .parquet (.jsonl.gz, .json.gz)")
-    p.add_argument("output", metavar="OUT", help="kept rows: .jsonl or .parquet (plus OUT.report.json)")
+def _common(p: argparse.ArgumentParser, *, after_list_option: bool = False) -> None:
+    # after_list_option: IN and OUT may come after an nargs="+" option that swallowed them
+    # (``--against A IN OUT``); the handler takes them back with _take_in_out.
+    nargs = "?" if after_list_option else None
+    p.add_argument("input", metavar="IN", nargs=nargs, help="input rows: .jsonl, .json, .parquet (.jsonl.gz, .json.gz)")
+    p.add_argument("output", metavar="OUT", nargs=nargs, help="kept rows: .jsonl or .parquet (plus OUT.report.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -58,8 +61,24 @@ def _dedup(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _take_in_out(ns: argparse.Namespace, list_option: str, flag: str) -> None:
+    """Put back IN and OUT that ``flag`` (nargs="+") swallowed when it came first: they are the
+    last two of its values (IN and OUT are always the last two file names)."""
+    values = list(getattr(ns, list_option))
+    missing = [n for n in ("input", "output") if getattr(ns, n) is None]
+    if missing and len(values) > len(missing):
+        taken, values = values[-len(missing):], values[:-len(missing)]
+        for name, value in zip(missing, taken):
+            setattr(ns, name, value)
+        setattr(ns, list_option, values)
+    if ns.input is None or ns.output is None:
+        raise ValueError(f"IN and OUT are required (e.g. klear data decontaminate IN OUT {flag} BENCH.jsonl)")
+
+
 def _decontaminate(ns: argparse.Namespace) -> int:
     from klear.data.decontam import DEFAULT_IGNORE_PHRASES, decontaminate_file
+
+    _take_in_out(ns, "against", "--against")
 
     phrases = [] if ns.no_ignore_phrases else (ns.ignore_phrase if ns.ignore_phrase else list(DEFAULT_IGNORE_PHRASES))
     decontaminate_file(ns.input, ns.output, ns.against, n=ns.n, text_field=ns.text_field,
@@ -117,7 +136,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.set_defaults(func=_dedup)
 
     p = sub.add_parser("decontaminate", help="drop prompts sharing a word n-gram with a benchmark problem")
-    _common(p)
+    _common(p, after_list_option=True)
     p.add_argument("--against", nargs="+", required=True, metavar="FILE", help="benchmark files")
     p.add_argument("--n", type=int, default=9, help="n-gram length in words (default 9, the paper's)")
     p.add_argument("--text-field", default=None, help="dotted field of IN rows holding the prompt text")

@@ -378,7 +378,8 @@ def filter_pass_at_k(inp, out, samples, *, k: int = 16, threshold: float = 0.5, 
 
     Returns:
         The report; removed rows: ``pass_at_k_too_low`` (with n, c, pass_at_k), ``too_few_samples``
-        (n < k), ``no_samples``.
+        (n < k for this problem), ``no_samples``. A ``k`` above every problem's sample count is an
+        error (nothing could pass), as ``k > n`` is in ``klear eval``.
 
     Raises:
         ValueError: bad parameters or a malformed row or sample (file/row/field named).
@@ -392,6 +393,10 @@ def filter_pass_at_k(inp, out, samples, *, k: int = 16, threshold: float = 0.5, 
     stats = load_sample_stats(samples, sample_id_field=sample_id_field, sample_text_field=text_field,
                               correct_score=correct_score, problems=inp, id_field=id_field, text_field=text_field,
                               judge_workers=judge_workers, progress=progress)
+    most = max((s[0] for s in stats.values()), default=0)
+    if stats and k > most:  # as klear eval: pass@k needs k <= n; here no problem could pass
+        raise ValueError(f"{samples}: --k {k} is larger than the samples of every problem (at most {most} per "
+                         f"problem); pass@k needs k <= n (use --k {most} or more samples)")
 
     def judge(rec, pid, n, c):
         if n < k:

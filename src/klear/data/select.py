@@ -223,7 +223,7 @@ def select_file(
     ``distance`` to the earlier picks). Deterministic for a given seed, input and embedding.
 
     Args:
-        k: subset size (>= 1; >= the row count keeps every row).
+        k: subset size (1 <= k <= the row count; k equal to the row count keeps every row).
         method: ``"kcenter"`` (the only method).
         embedding, dim: see the module docstring; metric: ``cosine`` or ``l2``; seed: first pick.
         text_field: dotted field with the text (default rule of :func:`klear.data.text.row_text`).
@@ -252,6 +252,9 @@ def select_file(
         texts.extend(row_text(rec.data, f"{inp}: row {rec.row}", text_field) for rec in batch)
     if not texts:
         raise ValueError(f"{inp}: no rows")
+    if k > len(texts):
+        raise ValueError(f"{inp}: --k {k} is larger than the number of rows ({len(texts)}); a subset needs "
+                         f"k <= {len(texts)}")
     emb, used = embed_texts(texts, embedding, dim=dim, progress=progress)
     del texts
     chosen, dists = k_center_greedy(emb, k, seed=seed, metric=metric, progress=progress)
