@@ -16,6 +16,10 @@ class MetricsJsonlCallback(TrainerCallback):
     written as ``null`` so the file stays valid JSON. On resume, rows from steps after the checkpoint
     (which are about to be recomputed) are removed first, so the file never holds a step twice.
 
+    The summary that ``Trainer.train()`` logs when it ends (``train_runtime``, ``train_loss``, ...,
+    carrying the last step's number) is not a step: it goes to ``train_summary.json`` next to the
+    file (overwritten by each ``train()`` call), never into the per-step rows.
+
     Args:
         path: the JSONL file (parent folders are created).
     """
@@ -34,7 +38,7 @@ class MetricsJsonlCallback(TrainerCallback):
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line cut by a crash mid-write
-                if row.get("step", 0) <= state.global_step:
+                if row.get("step", 0) <= state.global_step and not _is_summary(row):
                     kept.append(json.dumps(row))
             self.path.write_text("".join(k + "\n" for k in kept))
 
@@ -45,5 +49,13 @@ class MetricsJsonlCallback(TrainerCallback):
         for key, value in logs.items():
             if isinstance(value, (int, float)):
                 row[key] = value if math.isfinite(value) else None
+        if _is_summary(row):
+            (self.path.parent / "train_summary.json").write_text(json.dumps(row, indent=2) + "\n")
+            return
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _is_summary(row: dict) -> bool:
+    """The end-of-train() summary log of transformers' Trainer (not an optimizer step)."""
+    return "train_runtime" in row
