@@ -96,20 +96,28 @@ def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, A
         trainer_cfg: its ``trainer`` section after device/precision resolution (written in its place).
         precision: the resolved decision.
         stage: ``"rl"`` or ``"sft"``.
+
+    Raises:
+        ValueError: ``output_dir`` is a file, or cannot be written (permissions, full disk): one line.
     """
     import torch
     import transformers
     import trl
 
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output_dir {out}: is an existing file (expected a directory, or a path that does not exist)")
     resolved = {**config, "trainer": {k: v for k, v in trainer_cfg.items() if k in config["trainer"] or k in (
         "bf16", "fp16", "use_cpu", "gradient_checkpointing")}}
-    (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     run = {"stage": stage, "precision": precision.as_dict(),
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
            "started": time.time()}
-    (out / "run.json").write_text(json.dumps(run, indent=2, default=str))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+        (out / "run.json").write_text(json.dumps(run, indent=2, default=str))
+    except OSError as e:  # read-only folder, full disk, a parent that is a file, ...
+        raise ValueError(f"output_dir {out}: cannot write the run directory ({e.strerror or e})") from None
     print(precision.describe(), flush=True)
 
 
