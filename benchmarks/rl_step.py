@@ -109,8 +109,12 @@ def build(kind: str, model_path: str, dataset, tokenizer, out: str, prompts: int
         cls = GPPOTrainer
     else:
         raise ValueError(kind)
-    return cls(model=model_path, reward_funcs=klear_reward, args=args, train_dataset=dataset,
-               processing_class=tokenizer)
+    from transformers import PrinterCallback
+
+    trainer = cls(model=model_path, reward_funcs=klear_reward, args=args, train_dataset=dataset,
+                  processing_class=tokenizer)
+    trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
+    return trainer
 
 
 class Replay:

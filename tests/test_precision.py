@@ -64,11 +64,16 @@ def test_inference_dtype(monkeypatch):
 
     monkeypatch.setattr(P, "_cuda", lambda: (False, False))
     assert P.torch_dtype("auto") is torch.float32 and P.torch_dtype("float32") is torch.float32
-    with pytest.raises(ValueError, match="--dtype.bf16=true needs a CUDA GPU"):
+    with pytest.raises(ValueError, match="--dtype bfloat16 needs a CUDA GPU with bf16; none is visible"):
         P.torch_dtype("bfloat16")
+    with pytest.raises(ValueError, match="--dtype float16 needs a CUDA GPU; none is visible"):
+        P.torch_dtype("float16")
     monkeypatch.setattr(P, "_cuda", lambda: (True, True))
     assert P.torch_dtype("auto") is torch.bfloat16
     assert P.torch_dtype("auto", device="cpu") is torch.float32
+    assert P.torch_dtype("bfloat16") is torch.bfloat16
+    with pytest.raises(ValueError, match="device 'cpu'"):
+        P.torch_dtype("bfloat16", device="cpu")
     with pytest.raises(ValueError, match="must be one of"):
         P.torch_dtype("bf16")
 
@@ -198,3 +203,16 @@ def test_rl_job_on_cpu_resolves_to_float32(tmp_path, tiny_ckpt, parity_reward, c
     with pytest.raises(ValueError, match="bf16=true needs a CUDA GPU"):
         run_rl(cfg)
     assert not (tmp_path / "bf16").exists()
+
+
+def test_klear_eval_refuses_bf16_on_cpu_before_loading(tmp_path, capsys):
+    from conftest import shared_file
+
+    from klear.cli import main
+
+    bench = shared_file("math", "aime24.qs.jsonl")
+    code = main(["eval", "--model", str(tmp_path / "no-model-here"), "--benchmark", str(bench), "--n", "1",
+                 "--dtype", "bfloat16", "--output", str(tmp_path / "out")])
+    assert code == 2
+    assert "--dtype bfloat16 needs a CUDA GPU with bf16; none is visible" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

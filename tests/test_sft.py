@@ -276,6 +276,10 @@ def test_greedy_generate_drops_finished_rows_and_matches_model_generate(tiny_mod
         out = model.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
                              temperature=None, top_p=None, top_k=None)
     ref = tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    from klear.eval.heldout import _common_prefix_length
+
+    shared = _common_prefix_length(tok(texts, add_special_tokens=False)["input_ids"], limit=10**6)
+    assert shared >= 16  # the chat template's system prompt: the shared-prefix prefill path runs
     mine = greedy_generate(model, tok, prompts, max_new_tokens=12, batch_size=9, show_progress=False)
     assert mine == ref
     lengths = [len(tok(c, add_special_tokens=False)["input_ids"]) for c in ref]

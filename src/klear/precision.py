@@ -143,10 +143,12 @@ def torch_dtype(dtype: str = "auto", *, device: str | None = None):
     if dtype == "auto":
         name = "float32" if on_cpu else resolve_precision("auto").dtype
     elif dtype != "float32":
-        precision = resolve_precision(dtype == "bfloat16", fp16=dtype == "float16", where="--dtype")
-        if on_cpu:
-            raise ValueError(f"--dtype {dtype} needs a CUDA device, got {device!r} (float32 is used on CPU)")
-        name = precision.dtype
+        gpu, gpu_bf16 = _cuda()
+        if on_cpu or not (gpu_bf16 if dtype == "bfloat16" else gpu):
+            where = f"device {device!r}" if on_cpu else "none is visible" if not gpu else "this GPU has no bf16"
+            raise ValueError(f"--dtype {dtype} needs a CUDA GPU{' with bf16' if dtype == 'bfloat16' else ''}; "
+                             f"{where} (--dtype auto means float32 here)")
+        name = dtype
     else:
         name = "float32"
     return getattr(torch, name)

@@ -67,7 +67,9 @@ def greedy_generate(
 
     Each prompt (a list of ``{"role", "content"}`` messages, or a string = one user message) is
     rendered with the chat template (``add_generation_prompt=True``); prompts are batched in order
-    of length with LEFT padding. A sequence ends at the first token in the end-of-sequence set
+    of length with LEFT padding, and the token prefix a whole batch shares (a system prompt, few-shot
+    turns) is prefilled once and repeated in the KV cache (the rest of each prompt is left-padded
+    after it; attention masks the gap, positions skip it). A sequence ends at the first token in the end-of-sequence set
     (``model.generation_config.eos_token_id``, else ``tokenizer.eos_token_id``) or after
     ``max_new_tokens`` tokens. New tokens are decoded with ``skip_special_tokens=True``.
 
@@ -86,7 +88,7 @@ def greedy_generate(
     Raises:
         ValueError: ``max_new_tokens`` or ``batch_size`` < 1, or no end-of-sequence token.
 
-    The model's training flag and the tokenizer's padding side are restored afterwards.
+    The model's training flag is restored afterwards.
     """
     import torch
     from tqdm.auto import tqdm
@@ -101,8 +103,8 @@ def greedy_generate(
         return []
     texts = [tokenizer.apply_chat_template(_as_messages(p), tokenize=False, add_generation_prompt=True)
              for p in prompts]
-    lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-    order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    order = sorted(range(len(texts)), key=lambda i: (len(ids[i]), i))
     eos = torch.tensor(_eos_ids(model, tokenizer))
     device = next(model.parameters()).device
     eos = eos.to(device)
@@ -111,23 +113,30 @@ def greedy_generate(
 
     cache_kw = cache_kwarg(model.forward)
 
-    old_side, was_training = tokenizer.padding_side, model.training
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    was_training = model.training
     bar = tqdm(total=len(texts), desc="generate (greedy)", unit="seq", disable=not show_progress)
     try:
-        tokenizer.padding_side = "left"
         model.eval()
         with torch.no_grad():
             for start in range(0, len(order), batch_size):
                 idx = order[start:start + batch_size]
-                enc = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True,
-                                add_special_tokens=False).to(device)
-                attn = enc["attention_mask"]
-                pos = attn.long().cumsum(-1) - 1
-                pos = pos.masked_fill(attn == 0, 1)
+                rows = [ids[i] for i in idx]
+                # the batch's common token prefix (system prompt, few-shot turns) is prefilled once
+                shared = _common_prefix_length(rows, limit=len(rows[0]) - 1) if len(rows) > 1 else 0
                 cache = DynamicCache(config=model.config)
-                out = model(input_ids=enc["input_ids"], attention_mask=attn, position_ids=pos,
+                if shared:
+                    model(input_ids=torch.tensor([rows[0][:shared]], device=device),
+                          position_ids=torch.arange(shared, device=device)[None], use_cache=True, logits_to_keep=1,
+                          **{cache_kw: cache})
+                    cache.batch_repeat_interleave(len(rows))
+                width = max(len(r) for r in rows) - shared
+                suffix = torch.tensor([[pad_id] * (width - len(r) + shared) + r[shared:] for r in rows], device=device)
+                suffix_mask = (torch.arange(width, device=device)[None] >= torch.tensor(
+                    [width - len(r) + shared for r in rows], device=device)[:, None]).long()
+                attn = torch.cat([suffix_mask.new_ones((len(rows), shared)), suffix_mask], dim=1)
+                pos = (shared + suffix_mask.cumsum(-1) - 1).masked_fill(suffix_mask == 0, 1)
+                out = model(input_ids=suffix, attention_mask=attn, position_ids=pos,
                             use_cache=True, logits_to_keep=1, **{cache_kw: cache})
                 alive = torch.tensor(idx, device=device)
                 last_pos = pos[:, -1:]
@@ -150,9 +159,16 @@ def greedy_generate(
                                 use_cache=True, **{cache_kw: cache})
     finally:
         bar.close()
-        tokenizer.padding_side = old_side
         model.train(was_training)
     return tokenizer.batch_decode(results, skip_special_tokens=True)
+
+
+def _common_prefix_length(rows: Sequence[Sequence[int]], limit: int) -> int:
+    """Length of the longest token prefix all ``rows`` share, at most ``limit``; 0 when under 16 tokens."""
+    first, n = rows[0], 0
+    while n < limit and all(len(r) > n and r[n] == first[n] for r in rows):
+        n += 1
+    return n if n >= 16 else 0
 
 
 def generate(

@@ -304,11 +304,12 @@ class GPPOTrainer(GRPOTrainer):
 
     Where the time goes, seconds per optimizer step (``timing/<phase>_s``; 0 for a phase the step did not
     run, e.g. the rollout on the second off-policy step of a rollout batch): ``rollout`` (all of TRL's
-    ``_generate_and_score_completions``: tokenisation, ``generate``, ``reward``, ``old_log_prob``, advantages),
-    within it ``generate`` (sampling), ``reward`` (scoring), ``old_log_prob`` (the no-grad log-prob pass of
-    the rollout policy); ``forward_backward`` (loss forward and backward of every micro-batch) and
-    ``optimizer`` (gradient clipping, ``optimizer.step``, scheduler, ``zero_grad``). ``rollout`` +
-    ``forward_backward`` + ``optimizer`` is the step's wall clock up to logging and checkpointing.
+    ``_generate_and_score_completions``: tokenisation, ``generate``, ``reward``, advantages), within it
+    ``generate`` (sampling) and ``reward`` (scoring); ``old_log_prob`` (the no-grad log-prob pass of the
+    rollout policy, :meth:`_old_log_probs`); ``forward_backward`` (loss forward and backward of every
+    micro-batch) and ``optimizer`` (gradient clipping, ``optimizer.step``, scheduler, ``zero_grad``).
+    ``rollout + old_log_prob + forward_backward + optimizer`` is the step's wall clock up to logging and
+    checkpointing.
     """
 
     _tag_names = ["trl", "grpo", "gppo", "klear"]
