@@ -29,6 +29,16 @@ def tiny_model(embedded_path):
     return model, tok
 
 
+@pytest.fixture()
+def tiny_ckpt(tmp_path, tiny_model):
+    """A saved checkpoint directory of :func:`tiny_model` (for job tests that take a model path)."""
+    model, tok = tiny_model
+    path = tmp_path / "tiny"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def shared_file(*parts: str) -> Path:
     """A file from ../shared/data; skips the test when it is absent (the product never needs it)."""
     path = SHARED_DATA.joinpath(*parts)

@@ -29,15 +29,6 @@ def _rows(n, start=0):
     ]
 
 
-@pytest.fixture()
-def tiny_ckpt(tmp_path, tiny_model):
-    model, tok = tiny_model
-    path = tmp_path / "tiny"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def _job(tmp_path, ckpt, **trainer):
     train = _write_jsonl(tmp_path / "train.jsonl", _rows(8))
     heldout = _write_jsonl(tmp_path / "heldout.jsonl", _rows(4, start=100))

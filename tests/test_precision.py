@@ -107,15 +107,6 @@ def _rl_job(tmp_path, ckpt, data_source, **trainer):
     }
 
 
-@pytest.fixture()
-def tiny_ckpt(tmp_path, tiny_model):
-    model, tok = tiny_model
-    path = tmp_path / "tiny"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def _reference_log_probs(ckpt, micro_batches, temperature):
     """Completion-token log-probs of the sampler's policy (the checkpoint's weights), one sample at a time, in
     float64 and without autocast: an independent computation of what ``old_log_prob`` must be."""
