@@ -219,3 +219,32 @@ def test_resume_when_the_last_newline_was_never_written(tmp_path, small_bench):
     s = run_eval(small_bench, rest, tmp_path / "r", n=2, show_progress=False)
     assert len(rest.generated) == 10 - 4 and s["n_samples"] == 10
     assert len(read_samples(path)) == 10
+
+
+# ------------------------------------------------------------- resume refusals, judge-only re-runs (issue 14)
+def test_resume_refusal_names_each_changed_setting_with_old_and_new_values(tmp_path, small_bench):
+    answers = {p.problem_id: p.ground_truth for p in small_bench.problems}
+    rope = {"plan": {"source": "none", "rope_type": "default", "engine_max_len": 2048, "needed_len": 100,
+                     "native_context": 2048, "override": None, "config_key": "rope_parameters"}}
+    kw = dict(n=2, seed=0, show_progress=False, model="m")
+    run_eval(small_bench, FakeBackend(answers), tmp_path / "r", rope=rope, sampling=SamplingSettings(0.6, 0.95, 64),
+             **kw)
+    changed = {"plan": {**rope["plan"], "engine_max_len": 4096}}
+    with pytest.raises(ValueError) as info:
+        run_eval(small_bench, FakeBackend(answers), tmp_path / "r", rope=changed,
+                 sampling=SamplingSettings(1.0, 0.95, 64), **kw)
+    msg = str(info.value)
+    assert "rope.engine_max_len: 2048 -> 4096; sampling.temperature: 0.6 -> 1.0; saved -> now" in msg, msg
+    assert "top_p" not in msg and "native_context" not in msg and "\n" not in msg  # only what changed
+
+
+def test_identical_judge_only_rerun_into_the_same_output_works(tmp_path, capsys):
+    src = synthetic_samples(tmp_path)
+    argv = ["eval", "--judge-only", str(src), "--output", str(tmp_path / "o"), "--k", "1,2"]
+    assert main(argv) == 0
+    first = (tmp_path / "o" / "summary.json").read_text()
+    assert main(argv) == 0, capsys.readouterr().err  # the same command again: idempotent
+    assert (tmp_path / "o" / "summary.json").read_text() == first
+    other = _jsonl(tmp_path / "other.jsonl", [{"problem_id": "x", "response": _boxed(1), "ground_truth": "1"}])
+    assert main(["eval", "--judge-only", str(other), "--output", str(tmp_path / "o")]) == 2  # another run's output
+    assert "already holds samples.jsonl from another run" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,80 @@ def test_unwritable_output_dir_is_one_line(tmp_path, monkeypatch, method, err, t
 def test_writes_config_and_run_json(tmp_path):
     _start(tmp_path / "run")
     assert (tmp_path / "run" / "config.yaml").is_file() and (tmp_path / "run" / "run.json").is_file()
+
+
+# ------------------------------------------------ run directories of failed runs; multi-process guard (issue 14)
+def test_a_failed_run_removes_only_the_directories_it_created(tmp_path):
+    run = start_run(tmp_path / "new" / "run", CONFIG, {"learning_rate": 1e-6}, Precision("cpu", "float32"), stage="rl")
+    with pytest.raises(RuntimeError):
+        with run.removed_on_failure():
+            raise RuntimeError("boom before training")
+    assert not (tmp_path / "new").exists() and tmp_path.is_dir()  # the run dir and the parent made for it
+
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    for out, resumed in ((existing, False), (tmp_path / "resumed", True)):
+        run = start_run(out, CONFIG, {"learning_rate": 1e-6}, Precision("cpu", "float32"), stage="rl", resumed=resumed)
+        with pytest.raises(KeyboardInterrupt):
+            with run.removed_on_failure():
+                raise KeyboardInterrupt
+        assert (out / "config.yaml").is_file(), out  # never removed: it existed before / a resumed run
+    assert (existing / "notes.txt").read_text() == "mine"
+
+
+def test_full_disk_at_start_leaves_no_directory(tmp_path, monkeypatch):
+    def fail(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", fail)
+    with pytest.raises(ValueError, match="No space left on device"):
+        _start(tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+class _OtherRank:
+    is_main_process, num_processes, process_index = False, 2, 1
+
+
+class _MainRank:
+    is_main_process, num_processes, process_index = True, 2, 0
+
+
+def test_only_the_main_process_writes_run_files_and_evaluates(tmp_path, monkeypatch, capsys):
+    import accelerate
+    import accelerate.utils
+
+    import klear.eval.heldout
+    from klear.runs import heldout_eval
+
+    main_result = {"accuracy": 0.5, "n": 2, "correct": [True, False]}
+    sent = []
+
+    def broadcast(objs, from_process=0):  # what the main process sends
+        sent.append(list(objs))
+        objs[0] = main_result
+        return objs
+
+    def evaluate(*a, **k):
+        evaluated.append(1)
+        return dict(main_result)
+
+    evaluated = []
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(klear.eval.heldout, "evaluate", evaluate)
+    kw = dict(max_new_tokens=4, batch_size=2, reuse=False)
+
+    monkeypatch.setattr(accelerate, "PartialState", _OtherRank)
+    run = start_run(tmp_path / "run", CONFIG, {"learning_rate": 1e-6}, Precision("cpu", "float32"), stage="rl")
+    assert not (tmp_path / "run").exists() and run.created == () and capsys.readouterr().out == ""
+    (tmp_path / "run").mkdir()
+    got = heldout_eval(None, None, [{"prompt": "x"}], path=tmp_path / "run" / "eval_before.json", **kw)
+    assert got == main_result and evaluated == [] and sent == [[None]]  # received, not computed
+    assert not (tmp_path / "run" / "eval_before.json").exists()
+
+    monkeypatch.setattr(accelerate, "PartialState", _MainRank)
+    sent.clear()
+    got = heldout_eval(None, None, [{"prompt": "x"}], path=tmp_path / "run" / "eval_before.json", **kw)
+    assert evaluated == [1] and sent == [[main_result]] and got == main_result
+    assert json.loads((tmp_path / "run" / "eval_before.json").read_text()) == main_result

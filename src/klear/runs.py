@@ -6,14 +6,27 @@ Every run directory starts with two files written by :func:`start_run`:
   resolved (``bf16``/``fp16``/``use_cpu``, see :mod:`klear.precision`);
 * ``run.json``: ``{"stage", "precision": {"device", "dtype", "requested"}, "versions": {...},
   "started": <unix time>}``.
+
+Before :func:`start_run` a job checks everything it can without training: the recipe
+(:func:`check_section_keys`, :func:`check_trainer_section`, :func:`check_int`), the datasets, the
+prompt lengths against the model's context (:func:`check_prompt_context`) and a resume checkpoint
+against the run's model (:func:`check_checkpoint_model`); a rejected run writes nothing. A run
+that fails after :func:`start_run` but before training starts removes the directory it created
+(:meth:`RunDir.removed_on_failure`; never a directory that existed before, never a resumed run's).
+
+In a multi-process run (``accelerate launch``) only the main process writes the run files and runs
+the held-out evaluation (:func:`is_main_process`); the other ranks receive its result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
+import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +34,9 @@ import yaml
 
 from klear.precision import Precision
 
-__all__ = ["AUTO_FIELDS", "check_section_keys", "check_trainer_section", "resolve_resume", "start_run"]
+__all__ = ["AUTO_FIELDS", "RunDir", "check_checkpoint_model", "check_int", "check_prompt_context",
+           "check_section_keys", "check_trainer_section", "heldout_eval", "is_main_process", "resolve_resume",
+           "silence_checkpointing_deprecations", "start_run"]
 
 # Trainer fields that may be ``auto`` (resolved by klear.precision.resolve_trainer_precision).
 AUTO_FIELDS = ("bf16", "gradient_checkpointing")
@@ -34,6 +49,16 @@ def check_section_keys(section: Any, allowed: set[str], where: str, source: str)
     unknown = sorted(set(section) - allowed)
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {unknown} in {where}; allowed: {sorted(allowed)}")
+
+
+def check_int(source: str, where: str, value: Any, minimum: int, *, allow_none: bool = False) -> None:
+    """Raise ``ValueError`` (``"<source>: <where>=<value> must be an integer >= <minimum>"``) unless
+    ``value`` is an int (not a bool) of at least ``minimum`` (or ``None`` with ``allow_none``)."""
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{source}: {where}={value!r} must be an integer >= {minimum}"
+                         + (" (or null)" if allow_none else ""))
 
 
 def check_trainer_section(trainer: Any, config_cls: type, source: str) -> None:
@@ -86,9 +111,132 @@ def resolve_resume(output_dir: Path, resume: bool | str) -> str | bool:
     return resume or False
 
 
+def is_main_process() -> bool:
+    """Whether this is the main process (accelerate's ``PartialState``; True in a single-process run)."""
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+# transformers 5 renamed gradient checkpointing to activation checkpointing; TRL 1.16 still sets
+# ``gradient_checkpointing`` in its configs (default True) and calls ``is_gradient_checkpointing`` /
+# ``gradient_checkpointing_disable`` / ``_enable`` around every rollout, so each run printed these.
+_CHECKPOINTING_DEPRECATION = (r"`(is_)?gradient_checkpointing(_kwargs|_enable|_disable)?` is deprecated and will be "
+                              r"removed in v6\. Use `(is_)?activation_checkpointing")
+
+
+def silence_checkpointing_deprecations() -> None:
+    """Ignore transformers' FutureWarnings about the ``gradient_checkpointing`` names (raised by TRL's code, not
+    klear's; see ``_CHECKPOINTING_DEPRECATION``). Every other warning is left alone."""
+    warnings.filterwarnings("ignore", message=_CHECKPOINTING_DEPRECATION, category=FutureWarning)
+
+
+def check_prompt_context(tokenizer, dataset, *, budget: int, budget_name: str, context: int, where: str,
+                         chat_template_kwargs: dict | None = None) -> int:
+    """Check that the longest prompt of ``dataset`` plus ``budget`` new tokens fits the model's ``context``.
+
+    Prompts (the ``prompt`` column: message lists, or strings = one user message) are rendered with
+    the chat template and the generation prompt, as the rollouts render them.
+
+    Returns:
+        The longest prompt's length in tokens.
+
+    Raises:
+        ValueError: one line naming ``where``, the longest prompt's row (and ``prompt_id``), its
+            token count, ``budget_name`` and ``budget``, their sum and ``context``.
+    """
+    prompts = dataset["prompt"]
+    if not prompts:
+        return 0
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str) else list(p),
+                                           tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {}))
+             for p in prompts]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    row = max(range(len(lengths)), key=lambda i: lengths[i])
+    needed = lengths[row] + int(budget)
+    if needed > int(context):
+        pid = dataset[row].get("prompt_id") if "prompt_id" in dataset.column_names else None
+        name = f"row {row}" + (f" (prompt_id {pid!r})" if pid is not None else "")
+        raise ValueError(
+            f"{where}: {name}: the longest prompt ({lengths[row]} tokens) plus {budget_name} {budget} = {needed} "
+            f"exceeds the model's context of {context} tokens (max_position_embeddings): shorten or drop the "
+            f"prompt, or lower {budget_name}")
+    return lengths[row]
+
+
+# config.json fields that decide whether a checkpoint's weights and optimizer state fit a model
+_MODEL_SHAPE_FIELDS = ("model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size",
+                       "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                       "tie_word_embeddings")
+
+
+def check_checkpoint_model(checkpoint: str | Path, model_config, model: str, *, flag: str = "--resume-from") -> None:
+    """Check that a resume checkpoint was trained from the run's model (same architecture and shapes).
+
+    Compares :data:`_MODEL_SHAPE_FIELDS` of ``<checkpoint>/config.json`` with ``model_config`` (a
+    ``transformers`` config); a checkpoint without ``config.json`` is not checked.
+
+    Raises:
+        ValueError: one line naming the checkpoint, the differing field(s) and both values.
+    """
+    path = Path(checkpoint) / "config.json"
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{flag} {checkpoint}: cannot read {path.name} ({e})") from None
+    mine = model_config.to_dict()
+    diff = [f"{k} {saved.get(k)!r} vs {mine.get(k)!r}" for k in _MODEL_SHAPE_FIELDS
+            if k in saved and k in mine and saved[k] != mine[k]]
+    if diff:
+        raise ValueError(f"{flag} {checkpoint}: a checkpoint of another model than model={model} "
+                         f"({'; '.join(diff)}; checkpoint config.json vs model): resume with the model the "
+                         "checkpoint was trained from, or start a new run")
+
+
+@dataclasses.dataclass
+class RunDir:
+    """The run directory :func:`start_run` prepared.
+
+    Attributes:
+        path: the run directory.
+        created: the directories this call made (the run directory first, then parents made for it);
+            empty when it existed before, for a resumed run, and on processes other than the main one.
+    """
+
+    path: Path
+    created: tuple[Path, ...] = ()
+
+    def discard(self) -> None:
+        """Remove the directories this run created (nothing when :attr:`created` is empty)."""
+        if not self.created:
+            return
+        shutil.rmtree(self.created[0], ignore_errors=True)
+        for parent in self.created[1:]:
+            try:
+                parent.rmdir()  # only while empty
+            except OSError:
+                break
+        self.created = ()
+
+    @contextlib.contextmanager
+    def removed_on_failure(self):
+        """Context for the work between :func:`start_run` and training: any exception (Ctrl-C too)
+        removes the run directory (:meth:`discard`), then propagates."""
+        try:
+            yield self
+        except BaseException:
+            self.discard()
+            raise
+
+
 def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, Any], precision: Precision,
-              *, stage: str) -> None:
+              *, stage: str, resumed: bool = False) -> RunDir:
     """Create the run directory, write ``config.yaml`` and ``run.json`` (module docstring) and print the precision.
+
+    Only the main process does this (:func:`is_main_process`); the others get a :class:`RunDir`
+    with nothing to remove.
 
     Args:
         output_dir: the run directory (created).
@@ -96,6 +244,10 @@ def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, A
         trainer_cfg: its ``trainer`` section after device/precision resolution (written in its place).
         precision: the resolved decision.
         stage: ``"rl"`` or ``"sft"``.
+        resumed: a resumed run (its directory is never removed).
+
+    Returns:
+        The :class:`RunDir` (call its :meth:`~RunDir.removed_on_failure` around the work before training).
 
     Raises:
         ValueError: ``output_dir`` is a file, or cannot be written (permissions, full disk): one line.
@@ -107,6 +259,10 @@ def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, A
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"output_dir {out}: is an existing file (expected a directory, or a path that does not exist)")
+    if not is_main_process():
+        return RunDir(out)
+    created = [] if resumed else [d for d in (out.absolute(), *out.absolute().parents) if not d.exists()]
+    run_dir = RunDir(out, tuple(created))
     resolved = {**config, "trainer": {k: v for k, v in trainer_cfg.items() if k in config["trainer"] or k in (
         "bf16", "fp16", "use_cpu", "gradient_checkpointing")}}
     run = {"stage": stage, "precision": precision.as_dict(),
@@ -117,13 +273,19 @@ def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, A
         (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
         (out / "run.json").write_text(json.dumps(run, indent=2, default=str))
     except OSError as e:  # read-only folder, full disk, a parent that is a file, ...
+        run_dir.discard()
         raise ValueError(f"output_dir {out}: cannot write the run directory ({e.strerror or e})") from None
     print(precision.describe(), flush=True)
+    return run_dir
 
 
 def heldout_eval(model, tokenizer, heldout, *, max_new_tokens: int, batch_size: int, path: Path, reuse: bool,
                  annotate=None) -> dict[str, Any]:
     """Greedy held-out evaluation (:func:`klear.eval.heldout.evaluate`) saved to ``path`` (reused on resume).
+
+    Only the main process evaluates and writes ``path``; in a multi-process run the other ranks wait
+    and receive its result (``accelerate.utils.broadcast_object_list``), so a long evaluation needs
+    ``trainer.ddp_timeout`` (seconds, default 1800) above its duration.
 
     Args:
         model, tokenizer: the model under training and its tokenizer (its training flag is restored).
@@ -133,13 +295,22 @@ def heldout_eval(model, tokenizer, heldout, *, max_new_tokens: int, batch_size: 
         reuse: return the saved result when ``path`` exists (a resumed run keeps its "before").
         annotate: optional ``fn(result) -> None`` adding stage-specific fields before saving.
     """
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
     from klear.eval.heldout import evaluate
 
     path = Path(path)
-    if reuse and path.is_file():
-        return json.loads(path.read_text())
-    result = evaluate(model, tokenizer, heldout, max_new_tokens=int(max_new_tokens), batch_size=int(batch_size))
-    if annotate is not None:
-        annotate(result)
-    path.write_text(json.dumps(result, indent=1))
+    result = None
+    if is_main_process():
+        if reuse and path.is_file():
+            result = json.loads(path.read_text())
+        else:
+            result = evaluate(model, tokenizer, heldout, max_new_tokens=int(max_new_tokens),
+                              batch_size=int(batch_size))
+            if annotate is not None:
+                annotate(result)
+            path.write_text(json.dumps(result, indent=1))
+    if PartialState().num_processes > 1:
+        result = broadcast_object_list([result])[0]
     return result

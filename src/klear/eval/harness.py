@@ -310,12 +310,26 @@ def _check_run_config(run_path: Path, config: dict) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"{run_path}:{e.lineno}: invalid JSON ({e.msg})") from None
     old = run.get("config") or {}
-    diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
+    diff = _changed_settings(old, config)
     if diff:
-        details = "; ".join(f"{k}: {old.get(k)!r:.80} -> {config.get(k)!r:.80}" for k in diff)
-        raise ValueError(f"{run_path.parent} holds a run with different settings ({details}); "
+        details = "; ".join(f"{k}: {a!r:.80} -> {b!r:.80}" for k, a, b in diff)
+        raise ValueError(f"{run_path.parent} holds a run with different settings ({details}; saved -> now); "
                          "resume with the same settings or choose another --output")
     return run
+
+
+_MISSING = "<unset>"
+
+
+def _changed_settings(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(dotted key, old value, new value)`` for every setting that differs, descending into mappings
+    (``sampling.temperature: 0.6 -> 1.0``, not the whole ``sampling`` dict)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += _changed_settings(old.get(k, _MISSING), new.get(k, _MISSING), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [(prefix.rstrip("."), old, new)]
 
 
 def run_eval(
@@ -443,6 +457,17 @@ def run_eval(
 
 
 # ---------------------------------------------------------------------------------- judge-only
+def _judged_from(output_dir: Path, src: Path) -> bool:
+    """Whether ``output_dir`` holds a judge-only result of the samples file ``src`` (re-judging it is
+    idempotent: its files are rewritten from ``src``)."""
+    try:
+        summary = json.loads((output_dir / SUMMARY_FILE).read_text())
+        done_from = (summary.get("benchmark") or {}).get("samples_file")
+        return bool(summary.get("judge_only")) and done_from is not None and Path(done_from).resolve() == src.resolve()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _sample_from_line(where: str, rec: dict, *, response_field, id_field, answer_field) -> dict:
     if response_field:
         resp = get_field(rec, response_field, None)
@@ -507,7 +532,9 @@ def judge_only(
     ``ground_truth``/``answer``/``gold`` (or ``answer_field``) with its ``data_source`` (or
     *data_source*, default ``math_eval``).
 
-    Writes ``samples.jsonl`` (re-judged), ``summary.json`` and ``summary.md`` to *output_dir*.
+    Writes ``samples.jsonl`` (re-judged), ``summary.json`` and ``summary.md`` to *output_dir*. An
+    *output_dir* that already holds a judge-only result of the same samples file is rewritten (the
+    same command twice is idempotent); one holding any other run's ``samples.jsonl`` is refused.
 
     Raises:
         ValueError: malformed lines (file and line named), unknown problems, benchmark problems
@@ -515,7 +542,7 @@ def judge_only(
     """
     src = Path(samples_path)
     out = Path(output_dir)
-    if out.resolve() != src.parent.resolve() and (out / SAMPLES_FILE).is_file():
+    if out.resolve() != src.parent.resolve() and (out / SAMPLES_FILE).is_file() and not _judged_from(out, src):
         raise ValueError(f"{out} already holds {SAMPLES_FILE} from another run; choose another --output")
     lines = [_sample_from_line(w, r, response_field=response_field, id_field=id_field, answer_field=answer_field)
              for w, r in iter_records(src)]

@@ -61,9 +61,10 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
         raise ValueError(f"{source}: reward.reward_mode={mode!r} must be 'soft' or 'hard'")
     _check_keys(config.get("eval") or {}, _EVAL_KEYS, "'eval'", source)
 
+    from klear.runs import check_int
+
     def _int(where: str, value: Any, minimum: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{source}: {where}={value!r} must be an integer >= {minimum}")
+        check_int(source, where, value, minimum)
 
     if "seed" in config:
         _int("seed", config["seed"], 0)
@@ -162,18 +163,22 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
         ValueError: an invalid recipe (see :func:`validate_job_config`) or dataset.
         FileNotFoundError: ``resume`` was asked but there is no checkpoint.
     """
+    from klear.runs import silence_checkpointing_deprecations
+
+    silence_checkpointing_deprecations()
     validate_job_config(config, source)
     import torch
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from klear.models.embedded import resolve_model_path
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.rl.trainer import GPPOConfig, GPPOTrainer
 
-    from klear.runs import resolve_resume, start_run
+    from klear.runs import check_checkpoint_model, check_prompt_context, is_main_process, resolve_resume, start_run
 
     out = Path(config["output_dir"])
     ckpt_dir = out / "checkpoints"
+    flag = "--resume" if resume is True else "--resume-from"
     resume = resolve_resume(out, resume)
     seed = int(config.get("seed", 0))
     trainer_cfg, precision = _device_defaults(config["trainer"], source)
@@ -185,40 +190,55 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
     except ValueError as e:
         raise ValueError(f"{source}: trainer: {e}") from None
     model_path = resolve_model_path(str(config["model"]))
-    start_run(out, config, trainer_cfg, precision, stage="rl")
-    torch.manual_seed(seed)
+    model_config = AutoConfig.from_pretrained(model_path)
+    if resume:
+        check_checkpoint_model(resume, model_config, str(config["model"]), flag=flag)
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
-    t0 = time.time()
+    t0 = time.time()  # datasets and prompt lengths are checked before the run directory exists
     train, heldout = _build_datasets(config["data"], seed)
+    context = int(getattr(model_config, "max_position_embeddings", 0) or 0)
+    eval_cfg = {"enabled": True, "max_new_tokens": args.max_completion_length, "batch_size": 64,
+                **(config.get("eval") or {})}
+    do_eval = heldout is not None and eval_cfg["enabled"]
+    if context:
+        check_prompt_context(tokenizer, train, budget=args.max_completion_length,
+                             budget_name="trainer.max_completion_length", context=context,
+                             where=f"data.train={config['data'].get('train', 'reasoning_gym')}",
+                             chat_template_kwargs=args.chat_template_kwargs)
+        if do_eval:
+            check_prompt_context(tokenizer, heldout, budget=eval_cfg["max_new_tokens"],
+                                 budget_name="eval.max_new_tokens", context=context,
+                                 where=f"data.heldout={config['data'].get('heldout')}")
     logger.info("data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0,
                 time.time() - t0)
+    run_dir = start_run(out, config, trainer_cfg, precision, stage="rl", resumed=bool(resume))
+    torch.manual_seed(seed)
 
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
     from klear.rl.reward_fn import make_klear_reward
 
-    trainer = GPPOTrainer(
-        model=model_path,
-        reward_funcs=make_klear_reward(**(config.get("reward") or {})),
-        args=args,
-        train_dataset=train,
-        processing_class=tokenizer,
-        callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
-    )
-
-    eval_cfg = {"enabled": True, "max_new_tokens": args.max_completion_length, "batch_size": 64,
-                **(config.get("eval") or {})}
-    do_eval = heldout is not None and eval_cfg["enabled"]
-    before = None
-    if do_eval:
-        before = _heldout_eval(trainer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(resume))
-        print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
+    with run_dir.removed_on_failure():  # a run that fails before training leaves no directory behind
+        trainer = GPPOTrainer(
+            model=model_path,
+            reward_funcs=make_klear_reward(**(config.get("reward") or {})),
+            args=args,
+            train_dataset=train,
+            processing_class=tokenizer,
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+        )
+        before = None
+        if do_eval:
+            before = _heldout_eval(trainer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(resume))
+            print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
 
     trainer.train(resume_from_checkpoint=resume or None)
     trainer.save_model(str(out / "final"))
-    tokenizer.save_pretrained(str(out / "final"))
+    main = is_main_process()
+    if main:
+        tokenizer.save_pretrained(str(out / "final"))
 
     report: dict[str, Any] = {"model": str(config["model"]), "steps": trainer.state.global_step}
     if do_eval:
@@ -226,9 +246,10 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
         from klear.eval.heldout import paired_difference
 
         report.update(paired_difference(before["correct"], after["correct"]))
-        (out / "eval.json").write_text(json.dumps(report, indent=2))
-        print(format_report(report), flush=True)
-    if (out / "metrics.jsonl").is_file():
+        if main:
+            (out / "eval.json").write_text(json.dumps(report, indent=2))
+            print(format_report(report), flush=True)
+    if main and (out / "metrics.jsonl").is_file():
         from klear.utils.plotting import plot_training_curves
 
         try:

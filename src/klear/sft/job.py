@@ -64,8 +64,8 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
             trainer field that :class:`KlearSFTConfig` does not have (with a "did you mean"), or a
             trainer value of the wrong type.
     """
+    from klear.runs import check_int, check_trainer_section
     from klear.runs import check_section_keys as _check_keys
-    from klear.runs import check_trainer_section
     from klear.sft.trainer import KlearSFTConfig
 
     _check_keys(config, _TOP_KEYS, "the top level", source)
@@ -75,6 +75,20 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
     _check_keys(config["data"], _DATA_KEYS, "'data'", source)
     _check_keys(config.get("eval") or {}, _EVAL_KEYS, "'eval'", source)
     check_trainer_section(config["trainer"], KlearSFTConfig, source)
+    if "seed" in config:
+        check_int(source, "seed", config["seed"], 0)
+    for key in ("train_size", "heldout_size"):
+        if key in config["data"]:
+            check_int(source, f"data.{key}", config["data"][key], 1)
+    for key in ("max_new_tokens", "batch_size"):
+        if key in (config.get("eval") or {}):
+            check_int(source, f"eval.{key}", config["eval"][key], 1)
+    trainer = config["trainer"]
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if trainer.get(key) is not None:
+            check_int(source, f"trainer.{key}", trainer[key], 1)
+    if "max_length" in trainer:  # null: no truncation; 0 would truncate every example to nothing
+        check_int(source, "trainer.max_length", trainer["max_length"], 1, allow_none=True)
     data = config["data"]
     train = data.get("train")
     if not isinstance(train, str) or not train:
@@ -245,18 +259,22 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         ValueError: an invalid recipe (see :func:`validate_sft_config`) or dataset.
         FileNotFoundError: ``resume`` was asked but there is no checkpoint, or a data file is missing.
     """
+    from klear.runs import silence_checkpointing_deprecations
+
+    silence_checkpointing_deprecations()
     validate_sft_config(config, source)
     import torch
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from klear.models.embedded import resolve_model_path
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
 
-    from klear.runs import resolve_resume, start_run
+    from klear.runs import check_checkpoint_model, is_main_process, resolve_resume, start_run
 
     out = Path(config["output_dir"])
     ckpt_dir = out / "checkpoints"
+    flag = "--resume" if resume is True else "--resume-from"
     resume = resolve_resume(out, resume)
     seed = int(config.get("seed", 0))
     trainer_cfg, precision = _device_defaults(config["trainer"], source)
@@ -269,41 +287,47 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     except (ValueError, TypeError) as e:
         raise ValueError(f"{source}: trainer: {e}") from None
     model_path = resolve_model_path(str(config["model"]))
+    if resume:
+        check_checkpoint_model(resume, AutoConfig.from_pretrained(model_path), str(config["model"]), flag=flag)
 
     t0 = time.time()
     train, heldout, filter_stats = _build_datasets(config["data"], seed)
     logger.info("data: %d SFT examples, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0,
                 time.time() - t0)
-    start_run(out, config, trainer_cfg, precision, stage="sft")
-    if config["data"]["train"] == "teacher":  # generated data: keep it for inspection (a file is already a file)
-        train.to_json(str(out / "sft_data.jsonl"), lines=True, force_ascii=False)
-    torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    run_dir = start_run(out, config, trainer_cfg, precision, stage="sft", resumed=bool(resume))
+    main = is_main_process()
+    with run_dir.removed_on_failure():  # a run that fails before training leaves no directory behind
+        if main and config["data"]["train"] == "teacher":  # generated data: keep it (a file is already a file)
+            train.to_json(str(out / "sft_data.jsonl"), lines=True, force_ascii=False)
+        torch.manual_seed(seed)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
 
-    os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
-    trainer = KlearSFTTrainer(
-        model=model_path,
-        args=args,
-        train_dataset=train,
-        processing_class=tokenizer,
-        callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
-    )
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
+        trainer = KlearSFTTrainer(
+            model=model_path,
+            args=args,
+            train_dataset=train,
+            processing_class=tokenizer,
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+        )
 
-    eval_cfg = {"enabled": True, "max_new_tokens": 512, "batch_size": 32, **(config.get("eval") or {})}
-    do_eval = heldout is not None and eval_cfg["enabled"]
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    before = None
-    if do_eval:
-        before = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(resume))
-        print(f"held-out before SFT: accuracy {before['accuracy']:.3f}, format compliance "
-              f"{before['format_rate']:.3f} (n={before['n']})", flush=True)
-        model.train()
+        eval_cfg = {"enabled": True, "max_new_tokens": 512, "batch_size": 32, **(config.get("eval") or {})}
+        do_eval = heldout is not None and eval_cfg["enabled"]
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        before = None
+        if do_eval:
+            before = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(resume))
+            if main:
+                print(f"held-out before SFT: accuracy {before['accuracy']:.3f}, format compliance "
+                      f"{before['format_rate']:.3f} (n={before['n']})", flush=True)
+            model.train()
 
     trainer.train(resume_from_checkpoint=resume or None)
     trainer.save_model(str(out / "final"))
-    tokenizer.save_pretrained(str(out / "final"))
+    if main:
+        tokenizer.save_pretrained(str(out / "final"))
 
     report: dict[str, Any] = {"model": str(config["model"]), "steps": trainer.state.global_step,
                               "train_examples": len(train)}
@@ -317,6 +341,9 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         report["format"] = paired_difference(before["format_ok"], after["format_ok"])
         report["mean_completion_tokens"] = {"before": before["mean_completion_tokens"],
                                             "after": after["mean_completion_tokens"]}
+    if not main:
+        return report
+    if do_eval:
         print(format_report(report), flush=True)
     (out / "eval.json").write_text(json.dumps(report, indent=2))
     if (out / "metrics.jsonl").is_file():
