@@ -1,4 +1,4 @@
-# Quick start:  make demo   (install into .venv, run GPPO on the embedded model, ~15 min on 2 CPU cores)
+# Quick start:  make demo   (install into .venv, run GPPO on the embedded model, ~11 min on 2 CPU cores)
 #               make test   (install into .venv, run the test suite, a few minutes on 2 CPU cores)
 PYTHON ?= python3
 VENV := .venv

@@ -89,8 +89,11 @@ class LengthEchoModel(torch.nn.Module):
         self.tok = tokenizer
         self.width = width
         self.calls = []
+        from transformers import GenerationConfig
 
-    def generate(self, input_ids, attention_mask, max_new_tokens, **kw):
+        self.generation_config = GenerationConfig()
+
+    def generate(self, input_ids, attention_mask, generation_config=None, **kw):
         assert not self.training and not torch.is_grad_enabled()
         assert bool(attention_mask[:, -1].all()), "prompts must be LEFT padded"
         self.calls.append(input_ids.shape[0])
@@ -171,3 +174,30 @@ def test_evaluate_with_stub_scorer(tiny):
 
     with pytest.raises(ValueError, match="scorer returned 1 scores for 5"):
         evaluate(model, tok, rows, max_new_tokens=1, scorer=bad_scorer)
+
+
+def test_evaluate_sampled_avg_at_n(tiny):
+    """avg@n: n samples per problem, per-problem fraction correct, seeded (same samples twice), caller's RNG kept."""
+    model, tok = tiny
+    rows = [{"prompt": [{"role": "user", "content": f"question {i}"}], "data_source": "stub",
+             "reward_model": {"style": "rule", "ground_truth": "x"}, "prompt_id": f"p{i}"} for i in range(3)]
+
+    def scorer(data_sources, solution_strs, ground_truths, extra_infos=None):
+        return [1.0 if len(s) % 2 == 0 else -1.0 for s in solution_strs]
+
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    res = evaluate(model, tok, rows, max_new_tokens=5, batch_size=4, scorer=scorer, n_samples=4, temperature=1.0,
+                   seed=7, show_progress=False)
+    assert torch.equal(torch.rand(3), expected_next)  # sampling used its own generator
+    assert res["n"] == 3 and res["samples_per_problem"] == 4 and len(res["completions"]) == 12
+    hits = [r == 1.0 for r in res["rewards"]]
+    assert res["correct"] == [sum(hits[i * 4:(i + 1) * 4]) / 4 for i in range(3)]
+    assert res["accuracy"] == pytest.approx(sum(hits) / 12)
+    assert len(set(res["completions"][:4])) > 1  # four different samples of problem 0
+    again = evaluate(model, tok, rows, max_new_tokens=5, batch_size=4, scorer=scorer, n_samples=4, temperature=1.0,
+                     seed=7, show_progress=False)
+    assert again["completions"] == res["completions"]
+    with pytest.raises(ValueError, match="must be > 0 to draw n_samples=2"):
+        evaluate(model, tok, rows, max_new_tokens=5, scorer=scorer, n_samples=2)

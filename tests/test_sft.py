@@ -370,3 +370,13 @@ def test_cli_errors_name_the_key(tmp_path, capsys):
     assert "nope.jsonl: no such file" in capsys.readouterr().err
     assert main(["sft", f"output_dir={tmp_path}", "--resume"]) == 2
     assert "no checkpoint found" in capsys.readouterr().err
+
+
+def test_warmup_longer_than_max_steps_fails_before_any_work():
+    from klear.config import load_config
+    from klear.sft.job import validate_sft_config
+
+    config, path = load_config("sft_demo", ["trainer.max_steps=1"])  # the recipe warms up for 2 steps
+    with pytest.raises(ValueError, match=r"trainer.warmup_steps=2 exceeds trainer.max_steps=1"):
+        validate_sft_config(config, str(path))
+    validate_sft_config(load_config("sft_demo", ["trainer.max_steps=2"])[0], str(path))

@@ -280,8 +280,9 @@ def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, A
 
 
 def heldout_eval(model, tokenizer, heldout, *, max_new_tokens: int, batch_size: int, path: Path, reuse: bool,
-                 annotate=None) -> dict[str, Any]:
-    """Greedy held-out evaluation (:func:`klear.eval.heldout.evaluate`) saved to ``path`` (reused on resume).
+                 annotate=None, n_samples: int = 1, temperature: float = 0.0, seed: int = 0) -> dict[str, Any]:
+    """Held-out evaluation (:func:`klear.eval.heldout.evaluate`: greedy, or ``n_samples`` samples at
+    ``temperature`` with sampling seed ``seed``) saved to ``path`` (reused on resume).
 
     Only the main process evaluates and writes ``path``; in a multi-process run the other ranks wait
     and receive its result (``accelerate.utils.broadcast_object_list``), so a long evaluation needs
@@ -307,7 +308,8 @@ def heldout_eval(model, tokenizer, heldout, *, max_new_tokens: int, batch_size: 
             result = json.loads(path.read_text())
         else:
             result = evaluate(model, tokenizer, heldout, max_new_tokens=int(max_new_tokens),
-                              batch_size=int(batch_size))
+                              batch_size=int(batch_size), n_samples=int(n_samples), temperature=float(temperature),
+                              seed=int(seed))
             if annotate is not None:
                 annotate(result)
             path.write_text(json.dumps(result, indent=1))

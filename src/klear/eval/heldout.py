@@ -181,6 +181,7 @@ def generate(
     do_sample: bool = False,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    group_size: int = 1,
     show_progress: bool = True,
 ) -> list[str]:
     """Generate one completion per chat prompt: greedy (:func:`greedy_generate`) or sampled (``model.generate``).
@@ -202,6 +203,9 @@ def generate(
         do_sample: sample instead of greedy decoding (default greedy).
         temperature: sampling temperature (used only when ``do_sample``).
         top_p: nucleus sampling threshold (used only when ``do_sample``).
+        group_size: sampling only: ``prompts`` holds each prompt ``group_size`` times in a row; each
+            group's prompt is prefilled once (:func:`klear.rl.prefill.grouped_prefill_generate`). Keep
+            ``batch_size`` a multiple of it.
         show_progress: show a tqdm progress bar over batches.
 
     Returns:
@@ -235,9 +239,14 @@ def generate(
     lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
 
+    import copy
+
+    from klear.rl.prefill import grouped_prefill_generate
+
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": True, "pad_token_id": pad_id,
-                                  "temperature": temperature, "top_p": top_p, "top_k": 0}
+    config = copy.deepcopy(model.generation_config)
+    config.update(max_new_tokens=max_new_tokens, do_sample=True, pad_token_id=pad_id, temperature=temperature,
+                  top_p=top_p, top_k=0)
 
     results: list[str | None] = [None] * len(texts)
     old_side = tokenizer.padding_side
@@ -251,7 +260,8 @@ def generate(
             for idx in tqdm(batches, desc="generate", disable=not show_progress):
                 enc = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True,
                                 add_special_tokens=False).to(device)
-                out = model.generate(**enc, **gen_kwargs)
+                out = grouped_prefill_generate(model, model.generate, enc["input_ids"], enc["attention_mask"],
+                                               group_size=group_size, generation_config=config)
                 new_tokens = out[:, enc["input_ids"].shape[1]:]
                 decoded = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
                 for i, text in zip(idx, decoded):
@@ -276,9 +286,20 @@ def evaluate(
     max_new_tokens: int,
     batch_size: int = 32,
     scorer: Scorer | None = None,
+    n_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
     show_progress: bool = True,
 ) -> dict:
-    """Greedy-decode every problem of an RL dataset once and score it.
+    """Decode every problem of an RL dataset (greedy once, or ``n_samples`` samples) and score it.
+
+    Greedy (``temperature=0``, the default): one completion per problem, ``correct[i]`` a bool.
+    Sampled (``temperature > 0``): ``n_samples`` completions per problem at that temperature
+    (top-p 1, full vocabulary, as the rollouts sample), ``correct[i]`` the problem's fraction of
+    correct samples (its avg@n, paper Sec. 4.2) and ``accuracy`` their mean. Sampling draws from a
+    generator seeded with ``seed`` inside ``torch.random.fork_rng``, so the same model gives the same
+    samples, a before/after comparison uses common random numbers, and the caller's RNG stream (e.g.
+    training's) is left untouched.
 
     Args:
         model: causal LM to evaluate.
@@ -291,31 +312,53 @@ def evaluate(
         scorer: ``scorer(data_sources, solution_strs, ground_truths, extra_infos) -> list[float]``
             (same signature as ``klear.rewards.compute_scores``); default that function,
             imported lazily.
+        n_samples: completions per problem (> 1 needs ``temperature > 0``).
+        temperature: 0 for greedy decoding, else the sampling temperature.
+        seed: sampling seed.
         show_progress: tqdm progress bar while generating.
 
     Returns:
-        ``{"accuracy": float, "n": int, "correct": list[bool], "rewards": list[float],
-        "completions": list[str], "prompt_ids": list[str]}``, all lists in dataset order.
-        ``correct[i]`` is ``rewards[i] == 1.0``. ``prompt_ids`` falls back to the row index
-        (as a string) when the dataset has no ``prompt_id`` column. An empty dataset gives
+        ``{"accuracy": float, "n": int, "correct": list, "rewards": list[float],
+        "completions": list[str], "prompt_ids": list[str], "samples_per_problem": int,
+        "temperature": float}``. ``n``, ``correct`` and ``prompt_ids`` are per problem in dataset
+        order; ``rewards`` and ``completions`` per sample, problem-major (the ``n_samples`` samples of
+        problem 0 first). A sample is correct when its reward is 1.0. ``prompt_ids`` falls back to the
+        row index (as a string) when the dataset has no ``prompt_id`` column. An empty dataset gives
         accuracy 0.0 and n 0.
 
     Raises:
-        ValueError: the scorer returned a different number of scores than problems.
+        ValueError: the scorer returned a different number of scores than samples; ``n_samples < 1``,
+            ``temperature < 0``, or several samples with greedy decoding.
     """
+    import torch
+
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+        raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    if temperature < 0 or (n_samples > 1 and temperature == 0):
+        raise ValueError(f"temperature={temperature!r}: must be > 0 to draw n_samples={n_samples} samples "
+                         "(0 means greedy decoding, one completion per problem)")
     rows = [dataset[i] for i in range(len(dataset))]
     if scorer is None:
         scorer = _default_scorer()
-    prompts = [r["prompt"] for r in rows]
-    completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                           batch_size=batch_size, show_progress=show_progress)
-    data_sources = [r["data_source"] for r in rows]
-    ground_truths = [r["reward_model"]["ground_truth"] for r in rows]
-    extra_infos = [r.get("extra_info") for r in rows]
+    k = n_samples
+    prompts = [r["prompt"] for r in rows for _ in range(k)]
+    if temperature == 0:
+        completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                               show_progress=show_progress)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                   batch_size=max(k, batch_size // k * k), do_sample=True, temperature=temperature,
+                                   group_size=k, show_progress=show_progress)
+    data_sources = [r["data_source"] for r in rows for _ in range(k)]
+    ground_truths = [r["reward_model"]["ground_truth"] for r in rows for _ in range(k)]
+    extra_infos = [r.get("extra_info") for r in rows for _ in range(k)]
     rewards = [float(x) for x in scorer(data_sources, completions, ground_truths, extra_infos)] if rows else []
-    if len(rewards) != len(rows):
-        raise ValueError(f"scorer returned {len(rewards)} scores for {len(rows)} problems")
-    correct = [r == CORRECT_SCORE for r in rewards]
+    if len(rewards) != len(prompts):
+        raise ValueError(f"scorer returned {len(rewards)} scores for {len(prompts)} samples")
+    hits = [r == CORRECT_SCORE for r in rewards]
+    correct: list = hits if k == 1 else [sum(hits[i * k:(i + 1) * k]) / k for i in range(len(rows))]
     prompt_ids = [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]
     n = len(rows)
     return {
@@ -325,6 +368,8 @@ def evaluate(
         "rewards": rewards,
         "completions": completions,
         "prompt_ids": prompt_ids,
+        "samples_per_problem": k,
+        "temperature": float(temperature),
     }
 
 
@@ -354,7 +399,9 @@ def paired_difference(before_correct: Sequence, after_correct: Sequence, confide
       is reasonable for n >= 30 and optimistic for smaller n. If all d_i are equal, sd = 0
       and the interval collapses to the single point mean_diff;
     * ``mcnemar_p``: exact two-sided McNemar test, i.e. a binomial test (p = 1/2) on the
-      discordant pairs b = #improved (0 -> 1) and c = #worsened (1 -> 0):
+      discordant pairs b = #improved (0 -> 1) and c = #worsened (1 -> 0) (for per-problem
+      fractions such as avg@n, the same formula is the two-sided sign test over the problems
+      whose value changed):
       p = min(1, 2 * sum_{i <= min(b, c)} C(b + c, i) / 2^(b + c)); 1.0 if b + c = 0.
 
     Args:

@@ -36,7 +36,7 @@ _DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "data_s
 # scorer options passed to klear.rewards.compute_scores (math reads require_think and timeout_s;
 # code reads all of them)
 _REWARD_KEYS = {"reward_mode", "require_think", "time_limit_s", "timeout_s", "stop_on_first_failure"}
-_EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size"}
+_EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size", "n_samples", "temperature"}
 
 
 def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
@@ -71,9 +71,14 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     for key in ("train_size", "heldout_size"):
         if key in config["data"]:
             _int(f"data.{key}", config["data"][key], 0 if key == "heldout_size" else 1)
-    for key in ("max_new_tokens", "batch_size"):
+    for key in ("max_new_tokens", "batch_size", "n_samples"):
         if key in (config.get("eval") or {}):
             _int(f"eval.{key}", config["eval"][key], 1)
+    temperature = (config.get("eval") or {}).get("temperature", 0.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"{source}: eval.temperature={temperature!r} must be a number >= 0 (0: greedy)")
+    if (config.get("eval") or {}).get("n_samples", 1) > 1 and temperature == 0:
+        raise ValueError(f"{source}: eval.n_samples > 1 needs eval.temperature > 0 (0 means greedy decoding)")
     if config.get("eval") and "enabled" in config["eval"] and not isinstance(config["eval"]["enabled"], bool):
         raise ValueError(f"{source}: eval.enabled={config['eval']['enabled']!r} must be true or false")
     for key, minimum in (("num_generations", 2), ("per_device_train_batch_size", 1),
@@ -200,8 +205,8 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
     t0 = time.time()  # datasets and prompt lengths are checked before the run directory exists
     train, heldout = _build_datasets(config["data"], seed)
     context = int(getattr(model_config, "max_position_embeddings", 0) or 0)
-    eval_cfg = {"enabled": True, "max_new_tokens": args.max_completion_length, "batch_size": 64,
-                **(config.get("eval") or {})}
+    eval_cfg = {"enabled": True, "max_new_tokens": args.max_completion_length, "batch_size": 64, "n_samples": 1,
+                "temperature": 0.0, "seed": seed, **(config.get("eval") or {})}
     do_eval = heldout is not None and eval_cfg["enabled"]
     if context:
         check_prompt_context(tokenizer, train, budget=args.max_completion_length,
@@ -246,6 +251,7 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
         from klear.eval.heldout import paired_difference
 
         report.update(paired_difference(before["correct"], after["correct"]))
+        report.update(samples_per_problem=after.get("samples_per_problem", 1), temperature=after.get("temperature", 0.0))
         if main:
             (out / "eval.json").write_text(json.dumps(report, indent=2))
             print(format_report(report), flush=True)
@@ -261,18 +267,22 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
 
 
 def _heldout_eval(trainer, heldout, eval_cfg: dict, path: Path, *, reuse: bool) -> dict[str, Any]:
-    """Greedy held-out accuracy of the trainer's current model (:func:`klear.runs.heldout_eval`)."""
+    """Held-out accuracy of the trainer's current model (:func:`klear.runs.heldout_eval`; greedy, or avg@n
+    with ``eval.n_samples`` samples at ``eval.temperature``, sampling seed = the run's seed)."""
     from klear.runs import heldout_eval
 
     return heldout_eval(trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class, heldout,
                         max_new_tokens=eval_cfg["max_new_tokens"], batch_size=eval_cfg["batch_size"], path=path,
-                        reuse=reuse)
+                        reuse=reuse, n_samples=int(eval_cfg.get("n_samples", 1)),
+                        temperature=float(eval_cfg.get("temperature", 0.0)), seed=int(eval_cfg.get("seed", 0)))
 
 
 def format_report(report: dict[str, Any]) -> str:
     """One human-readable paragraph of the paired held-out comparison."""
+    k, temperature = report.get("samples_per_problem", 1), report.get("temperature", 0.0)
+    metric = "greedy accuracy" if not temperature else f"avg@{k} accuracy (temperature {temperature:g})"
     return (
-        f"held-out greedy accuracy (n={report['n']}): before {report['before']:.3f} -> after {report['after']:.3f}; "
+        f"held-out {metric} (n={report['n']}): before {report['before']:.3f} -> after {report['after']:.3f}; "
         f"paired difference {report['mean_diff']:+.3f}, 95% CI [{report['ci_low']:+.3f}, {report['ci_high']:+.3f}]; "
         f"improved {report['n_improved']}, worsened {report['n_worsened']}, McNemar p={report['mcnemar_p']:.2g}"
     )

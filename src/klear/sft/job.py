@@ -89,6 +89,11 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
             check_int(source, f"trainer.{key}", trainer[key], 1)
     if "max_length" in trainer:  # null: no truncation; 0 would truncate every example to nothing
         check_int(source, "trainer.max_length", trainer["max_length"], 1, allow_none=True)
+    warmup, steps = trainer.get("warmup_steps"), trainer.get("max_steps")
+    if (isinstance(warmup, int) and warmup >= 1 and isinstance(steps, int) and 0 < steps < warmup
+            and trainer.get("lr_floor") is not None):  # the warm-up + cosine-to-floor schedule needs W <= T
+        raise ValueError(f"{source}: trainer.warmup_steps={warmup} exceeds trainer.max_steps={steps}: lower "
+                         "warmup_steps (or give it as a fraction of the steps, e.g. 0.03)")
     data = config["data"]
     train = data.get("train")
     if not isinstance(train, str) or not train:
