@@ -96,12 +96,8 @@ def test_sampling_settings_validation():
 
 # --------------------------------------------------------------------------- tiny real model
 @pytest.fixture()
-def tiny_dir(tmp_path, tiny_model):
-    model, tok = tiny_model
-    path = tmp_path / "tiny"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+def tiny_dir(tiny_ckpt):
+    return tiny_ckpt
 
 
 def test_yarn_changes_the_loaded_rotary_embedding(tiny_dir):
