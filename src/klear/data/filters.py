@@ -56,8 +56,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from klear.data.difficulty import DIFFICULTY_LABELS, check_labels, difficulty_label, keep_response
 from klear.data.io import DEFAULT_ID_FIELDS, Record, iter_batches, row_id
 from klear.data.pipeline import Drop, run_rows, where
+from klear.rewards.correctness import is_correct
 from klear.data.text import dedup_digest, get_path, row_text, short_repr
 
 logger = logging.getLogger(__name__)
@@ -75,7 +77,6 @@ __all__ = [
     "read_ranking",
 ]
 
-DIFFICULTY_LABELS = ("easy", "medium", "hard")
 TESTS_FIELDS = ("tests", "test_cases", "input_output", "reward_model.ground_truth")
 TEXT_ID = "@text"
 MISSING_POLICIES = ("drop", "keep", "error")
@@ -121,7 +122,7 @@ def _verdict(value: Any, wh: str, name: str, correct_score: float) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)) and math.isfinite(value):
-        return value >= correct_score
+        return is_correct(value, correct_score)
     if isinstance(value, str):
         word = value.strip().lower()
         if word in _TRUE_WORDS:
@@ -249,7 +250,7 @@ def load_sample_stats(
             for (pid, *_), score in zip(part, scores):
                 s = stats.setdefault(pid, [0, 0])
                 s[0] += 1
-                s[1] += int(score >= correct_score)
+                s[1] += int(is_correct(score, correct_score))
             bar.update(len(part))
     finally:
         bar.close()
@@ -453,15 +454,6 @@ def filter_majority(inp, out, samples, *, min_fraction: float = 0.5, min_samples
                     started=started)
 
 
-def difficulty_label(pass_rate: float, easy_min: float, hard_below: float) -> str:
-    """``easy`` if pass_rate >= easy_min, ``hard`` if pass_rate < hard_below, else ``medium``."""
-    if pass_rate >= easy_min:
-        return "easy"
-    if pass_rate < hard_below:
-        return "hard"
-    return "medium"
-
-
 def _set_path(row: dict, path: str, value: Any, wh: str) -> None:
     parts = path.split(".")
     node = row
@@ -567,10 +559,7 @@ def filter_sft_correctness(inp, out, *, mixed_for: Sequence[str] = ("hard",), di
         ValueError: unknown labels, or a row without a label or verdict (file/row/field named).
     """
     started = time.perf_counter()
-    mixed = tuple(mixed_for)
-    bad = [m for m in mixed if m not in DIFFICULTY_LABELS]
-    if bad:
-        raise ValueError(f"mixed_for has unknown labels {bad} (expected some of {DIFFICULTY_LABELS})")
+    mixed = check_labels(mixed_for)
     kept_by: dict[str, dict[str, int]] = {lab: {"correct": 0, "incorrect": 0} for lab in DIFFICULTY_LABELS}
 
     def decide(batch: Sequence[Record]) -> list[Drop | None]:
@@ -599,7 +588,7 @@ def filter_sft_correctness(inp, out, *, mixed_for: Sequence[str] = ("hard",), di
                 args.append((ds, _last_assistant(rec.data, wh), gt, extra if isinstance(extra, dict) else None))
             scores = compute_scores([a[0] for a in args], [a[1] for a in args], [a[2] for a in args],
                                     [a[3] for a in args], max_workers=judge_workers)
-            verdicts = [s >= correct_score for s in scores]
+            verdicts = [is_correct(s, correct_score) for s in scores]
         else:
             verdicts = []
             for rec in batch:
@@ -612,7 +601,7 @@ def filter_sft_correctness(inp, out, *, mixed_for: Sequence[str] = ("hard",), di
         res: list[Drop | None] = []
         for label, ok in zip(labels, verdicts):
             kept_by[label]["correct" if ok else "incorrect"] += 1
-            if ok or label in mixed:
+            if keep_response(label, ok, mixed):
                 res.append(None)
             else:
                 res.append(Drop("incorrect_response", {"difficulty": label}))

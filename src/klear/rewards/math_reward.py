@@ -78,12 +78,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klear.rewards._timeout import TaskOutcome, TimedProcessPool, limit_worker_memory
+from klear.rewards.correctness import CORRECT_REWARD, WRONG_REWARD, is_correct
 from klear.rewards.think_format import THINK_CLOSE, THINK_OPEN, answer_region  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
-CORRECT_REWARD = 1.0
-WRONG_REWARD = -1.0
 #: Default wall-clock limit (seconds) for parsing + verifying one answer.
 DEFAULT_TIMEOUT_S = 5.0
 #: math-verify ``float_rounding`` (decimal places kept when a float is compared). Passed for
@@ -133,7 +132,7 @@ class MathScoreResult:
 
     @property
     def correct(self) -> bool:
-        return self.score > 0
+        return is_correct(self.score)
 
     def __float__(self) -> float:
         return float(self.score)

@@ -80,6 +80,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
+from klear.rewards.correctness import is_correct as correct_mask
 from klear.rl.advantages import all_equal_groups, compute_group_advantages
 from klear.rl.losses import policy_loss, sft_loss
 
@@ -112,7 +113,7 @@ class GPPOConfig(GRPOConfig):
     beta2: float = field(default=1.0, metadata={"help": "General GPPO high-side gradient scale (Eq. 17)."})
     loss_agg_mode: str = field(default="token-mean", metadata={"help": f"One of {LOSS_AGG_MODES}."})
     alpha: float = field(default=0.1, metadata={"help": "Weight of the SFT loss on correct rollouts (Eq. 14)."})
-    correct_reward: float = field(default=1.0, metadata={"help": "A response is correct when its reward equals this."})
+    correct_reward: float = field(default=1.0, metadata={"help": "A response is correct when its reward reaches this."})
     filter_zero_adv_groups: bool = field(default=True, metadata={"help": "Remove zero-advantage groups from the loss."})
     zero_adv_criterion: str = field(
         default="reward",
@@ -413,7 +414,7 @@ class GPPOTrainer(GRPOTrainer):
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).sum(dim=1)
         group_ids = rollout["group_ids"]
         advantages, zero_adv = compute_group_advantages(rewards, group_ids, epsilon=args.adv_epsilon)
-        is_correct = rewards == args.correct_reward
+        is_correct = correct_mask(rewards, args.correct_reward)
         if args.zero_adv_criterion == "correctness":
             zero_adv = all_equal_groups(is_correct, group_ids)
 

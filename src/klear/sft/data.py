@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from klear.data.difficulty import DIFFICULTY_LABELS, MIXED_FOR, difficulty_label, keep_response
+
 DEFAULT_SFT_DATA_SOURCE = "math"
 FILTER_MODES = ("none", "correct", "by_difficulty")
 VALID_ROLES = ("system", "user", "assistant", "tool")
@@ -190,18 +192,19 @@ def load_sft_file(path: str | os.PathLike):
 
 def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0.5,
                        max_workers: int | None = None):
-    """Correctness filtering by difficulty (spec Sec. 5, Table 2).
+    """Correctness filtering by difficulty (paper Sec. 5.1.1, Table 2; the rule is :mod:`klear.data.difficulty`).
 
-    A response is correct when the reward of :func:`klear.rewards.compute_scores` on it is 1.0
-    (``data_source`` selects the scorer; ``*longcot*`` sources also require a closed think block).
-    A prompt is easy when its ``difficulty`` is ``"easy"``, or, without a label, when its
-    ``pass_rate`` (a model's pass rate on it) is ``>= easy_pass_rate``; otherwise hard.
+    A response is correct by :func:`klear.rewards.correctness.is_correct` on the reward of
+    :func:`klear.rewards.compute_scores` (``data_source`` selects the scorer; ``*longcot*`` sources
+    also require a closed think block). A prompt's label is its ``difficulty`` (``easy``/``medium``/
+    ``hard``), or, without one, :func:`klear.data.difficulty.difficulty_label` of its ``pass_rate``
+    with ``easy_pass_rate`` as the threshold (easy or hard).
 
     Modes:
         ``none``: keep every row.
         ``correct``: keep only correct responses.
-        ``by_difficulty``: Klear's rule: easy prompts keep only correct responses, hard prompts
-        keep every response (correct or not).
+        ``by_difficulty``: Klear's rule (:func:`klear.data.difficulty.keep_response`): easy and medium
+        prompts keep only correct responses, hard prompts keep every response (correct or not).
 
     Args:
         dataset: rows in this module's layout.
@@ -229,25 +232,29 @@ def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0
         return dataset, stats
     rows = dataset.to_list()
     if mode == "correct":
-        easy = [True] * n
+        labels = ["easy"] * n
     else:
-        easy = []
+        labels = []
         for i, row in enumerate(rows):
             if row.get("difficulty") is not None:
-                easy.append(row["difficulty"] == "easy")
+                if row["difficulty"] not in DIFFICULTY_LABELS:
+                    raise ValueError(f"row {i}: field 'difficulty' is {row['difficulty']!r} (expected one of "
+                                     f"{DIFFICULTY_LABELS})")
+                labels.append(row["difficulty"])
             elif row.get("pass_rate") is not None:
-                easy.append(float(row["pass_rate"]) >= float(easy_pass_rate))
+                labels.append(difficulty_label(float(row["pass_rate"]), easy_pass_rate, easy_pass_rate))
             else:
-                raise ValueError(f"row {i}: filter 'by_difficulty' needs field 'difficulty' ('easy'/'hard') or "
-                                 f"'pass_rate' (a number in [0, 1])")
-        stats["n_easy"], stats["n_hard"] = sum(easy), n - sum(easy)
-    to_score = [i for i in range(n) if easy[i]]
+                raise ValueError(f"row {i}: filter 'by_difficulty' needs field 'difficulty' ('easy'/'medium'/'hard') "
+                                 f"or 'pass_rate' (a number in [0, 1])")
+        stats["n_hard"] = sum(lab in MIXED_FOR for lab in labels)
+        stats["n_easy"] = n - stats["n_hard"]
+    to_score = [i for i in range(n) if labels[i] not in MIXED_FOR]
     for i in to_score:
         if rows[i].get("ground_truth") is None:
             raise ValueError(f"row {i}: filter {mode!r} needs field 'ground_truth' to judge the response")
     keep = [True] * n
     if to_score:
-        from klear.rewards import compute_scores
+        from klear.rewards import compute_scores, is_correct
 
         scores = compute_scores(
             [rows[i]["data_source"] for i in to_score],
@@ -257,9 +264,9 @@ def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0
             max_workers=max_workers,
         )
         for i, score in zip(to_score, scores):
-            ok = float(score) == 1.0
+            ok = is_correct(float(score))
             stats["n_correct"] += int(ok)
-            keep[i] = ok
+            keep[i] = keep_response(labels[i], ok)
     kept = [i for i in range(n) if keep[i]]
     stats["n_out"], stats["removed_wrong"] = len(kept), n - len(kept)
     if not kept:
@@ -306,7 +313,6 @@ def make_teacher_sft_dataset(
         klear.sft.teacher.TeacherMismatch: the teacher disagrees with reasoning-gym (never emitted).
     """
     import datasets
-    import reasoning_gym
 
     from klear.data import rl_data
     from klear.sft.teacher import teacher_response
@@ -316,20 +322,10 @@ def make_teacher_sft_dataset(
         kwargs["instruction"] = instruction
     train, heldout = rl_data.make_train_and_heldout(tasks, train_size=train_size, heldout_size=heldout_size,
                                                     seed=seed, **kwargs)
-    norm = rl_data._normalise_tasks(tasks)
-    by_seed = {rl_data._sub_seed(seed, ti, t["name"]): t for ti, t in enumerate(norm)}
-    needed: dict[int, int] = {}  # per-task generator seed -> entries to generate
-    for info in train["extra_info"]:
-        needed[info["rg_seed"]] = max(needed.get(info["rg_seed"], 0), info["rg_index"] + 1)
-    generators = {s: reasoning_gym.create_dataset(by_seed[s]["name"], size=size, seed=s, **by_seed[s]["config"])
-                  for s, size in needed.items()}
+    entries = rl_data.regenerate_entries(tasks, seed, train["extra_info"])
     rows = []
-    for row in train:
+    for row, (entry, gen) in zip(train, entries):
         info = row["extra_info"]
-        gen = generators[info["rg_seed"]]
-        entry = gen[info["rg_index"]]
-        if entry["question"] != info["question"]:  # pragma: no cover - reasoning-gym changed its indexing
-            raise RuntimeError(f"reasoning-gym regenerated a different question for {info}: {entry['question']!r}")
         rows.append({
             "prompt": row["prompt"],
             "completion": [{"role": "assistant", "content": teacher_response(entry, dataset=gen)}],
