@@ -107,7 +107,7 @@ def test_only_the_main_process_writes_run_files_and_evaluates(tmp_path, monkeypa
     evaluated = []
     monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast)
     monkeypatch.setattr(klear.eval.heldout, "evaluate", evaluate)
-    kw = dict(max_new_tokens=4, batch_size=2, reuse=False)
+    kw = dict(eval_cfg={"max_new_tokens": 4, "batch_size": 2}, reuse=False)
 
     monkeypatch.setattr(accelerate, "PartialState", _OtherRank)
     run = start_run(tmp_path / "run", CONFIG, {"learning_rate": 1e-6}, Precision("cpu", "float32"), stage="rl")
@@ -122,3 +122,25 @@ def test_only_the_main_process_writes_run_files_and_evaluates(tmp_path, monkeypa
     got = heldout_eval(None, None, [{"prompt": "x"}], path=tmp_path / "run" / "eval_before.json", **kw)
     assert evaluated == [1] and sent == [[main_result]] and got == main_result
     assert json.loads((tmp_path / "run" / "eval_before.json").read_text()) == main_result
+
+
+@pytest.mark.parametrize("stage", ["rl", "sft"])
+@pytest.mark.parametrize("section, message", [
+    ({"n_samples": 4, "temperature": 0.0}, "eval.n_samples > 1 needs eval.temperature > 0"),
+    ({"temperature": -0.5}, "eval.temperature=-0.5 must be a number >= 0"),
+    ({"batch_size": 0}, "eval.batch_size=0 must be an integer >= 1"),
+    ({"enabled": "yes"}, "eval.enabled='yes' must be true or false"),
+    ({"top_k": 5}, r"unknown key\(s\) \['top_k'\] in 'eval'"),
+])
+def test_both_jobs_check_the_eval_section_with_the_shared_rule(stage, section, message):
+    """``klear rl`` and ``klear sft`` read the same ``eval`` section (the skeleton's held-out evaluation)."""
+    from klear.config import load_config
+    from klear.rl.job import validate_job_config
+    from klear.sft.job import validate_sft_config
+
+    config, _ = load_config("rl_demo" if stage == "rl" else "sft_demo")
+    validate = validate_job_config if stage == "rl" else validate_sft_config
+    validate(config, "recipe.yaml")  # the shipped recipe passes
+    config["eval"] = section
+    with pytest.raises(ValueError, match=f"recipe.yaml: .*{message}"):
+        validate(config, "recipe.yaml")

@@ -145,11 +145,11 @@ def test_cosine_to_floor_function():
 def test_paper_schedule_8e5_at_end_of_warmup_4e5_at_last_step(tiny_model, tmp_path):
     """The LR each optimizer step runs with, under configs/sft_klear.yaml's trainer settings."""
     from klear.config import load_config
-    from klear.sft.job import _device_defaults
+    from klear.precision import resolve_trainer_precision
     from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
 
     config, _ = load_config("sft_klear")
-    cfg, _ = _device_defaults(config["trainer"])
+    cfg, _ = resolve_trainer_precision(config["trainer"])
     cfg.update(output_dir=str(tmp_path / "ckpt"), report_to=[], max_length=256, packing=False,
                gradient_checkpointing=False, dataset_num_proc=None)  # the schedule does not depend on these
     args = KlearSFTConfig(**cfg)

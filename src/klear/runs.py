@@ -1,4 +1,9 @@
-"""Run plumbing shared by the training jobs (``klear rl``, ``klear sft``): recipe checks, resume, run files.
+"""The run skeleton shared by the training jobs (``klear rl``, ``klear sft``): recipe checks, resume, run files,
+held-out evaluation before/after, report and plot.
+
+A job is: :func:`check_eval_section` (and the job's own checks) -> :func:`prepare_run` (precision, trainer
+arguments, model path, resume checkpoint) -> datasets -> :func:`start_run` -> trainer -> :func:`heldout_eval`
+before -> training -> :func:`finish_run` (final model, held-out after, ``eval.json``, printed report, curves).
 
 Every run directory starts with two files written by :func:`start_run`:
 
@@ -34,9 +39,13 @@ import yaml
 
 from klear.precision import Precision
 
-__all__ = ["AUTO_FIELDS", "RunDir", "check_checkpoint_model", "check_int", "check_prompt_context",
-           "check_section_keys", "check_trainer_section", "heldout_eval", "is_main_process", "resolve_resume",
+__all__ = ["AUTO_FIELDS", "EVAL_KEYS", "RunDir", "RunSetup", "check_checkpoint_model", "check_eval_section",
+           "check_int", "check_prompt_context", "check_section_keys", "check_trainer_section", "eval_settings",
+           "finish_run", "format_paired", "heldout_eval", "is_main_process", "prepare_run", "resolve_resume",
            "silence_checkpointing_deprecations", "start_run"]
+
+#: Keys of a recipe's ``eval`` section (held-out evaluation before/after training).
+EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size", "n_samples", "temperature"}
 
 # Trainer fields that may be ``auto`` (resolved by klear.precision.resolve_trainer_precision).
 AUTO_FIELDS = ("bf16", "gradient_checkpointing")
@@ -279,10 +288,10 @@ def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, A
     return run_dir
 
 
-def heldout_eval(model, tokenizer, heldout, *, max_new_tokens: int, batch_size: int, path: Path, reuse: bool,
-                 annotate=None, n_samples: int = 1, temperature: float = 0.0, seed: int = 0) -> dict[str, Any]:
-    """Held-out evaluation (:func:`klear.eval.heldout.evaluate`: greedy, or ``n_samples`` samples at
-    ``temperature`` with sampling seed ``seed``) saved to ``path`` (reused on resume).
+def heldout_eval(model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: Path, reuse: bool,
+                 annotate=None) -> dict[str, Any]:
+    """Held-out evaluation (:func:`klear.eval.heldout.evaluate`: greedy, or ``eval_cfg["n_samples"]`` samples at
+    ``eval_cfg["temperature"]`` with sampling seed ``eval_cfg["seed"]``) saved to ``path`` (reused on resume).
 
     Only the main process evaluates and writes ``path``; in a multi-process run the other ranks wait
     and receive its result (``accelerate.utils.broadcast_object_list``), so a long evaluation needs
@@ -291,7 +300,7 @@ def heldout_eval(model, tokenizer, heldout, *, max_new_tokens: int, batch_size: 
     Args:
         model, tokenizer: the model under training and its tokenizer (its training flag is restored).
         heldout: rows in the verl RL layout.
-        max_new_tokens, batch_size: decoding budget and prefill batch.
+        eval_cfg: :func:`eval_settings` (``max_new_tokens``, ``batch_size``, ``n_samples``, ``temperature``, ``seed``).
         path: the JSON file written (``eval_before.json`` / ``eval_after.json``).
         reuse: return the saved result when ``path`` exists (a resumed run keeps its "before").
         annotate: optional ``fn(result) -> None`` adding stage-specific fields before saving.
@@ -307,12 +316,138 @@ def heldout_eval(model, tokenizer, heldout, *, max_new_tokens: int, batch_size: 
         if reuse and path.is_file():
             result = json.loads(path.read_text())
         else:
-            result = evaluate(model, tokenizer, heldout, max_new_tokens=int(max_new_tokens),
-                              batch_size=int(batch_size), n_samples=int(n_samples), temperature=float(temperature),
-                              seed=int(seed))
+            result = evaluate(model, tokenizer, heldout, max_new_tokens=int(eval_cfg["max_new_tokens"]),
+                              batch_size=int(eval_cfg["batch_size"]), n_samples=int(eval_cfg.get("n_samples", 1)),
+                              temperature=float(eval_cfg.get("temperature", 0.0)), seed=int(eval_cfg.get("seed", 0)))
             if annotate is not None:
                 annotate(result)
             path.write_text(json.dumps(result, indent=1))
     if PartialState().num_processes > 1:
         result = broadcast_object_list([result])[0]
     return result
+
+
+def check_eval_section(config: dict[str, Any], source: str) -> None:
+    """Check a recipe's ``eval`` section (keys :data:`EVAL_KEYS`).
+
+    Raises:
+        ValueError: an unknown key, a non-integer or < 1 ``max_new_tokens``/``batch_size``/``n_samples``,
+            a negative ``temperature``, ``n_samples > 1`` with greedy decoding, or a non-bool ``enabled``.
+    """
+    section = config.get("eval") or {}
+    check_section_keys(section, EVAL_KEYS, "'eval'", source)
+    for key in ("max_new_tokens", "batch_size", "n_samples"):
+        if key in section:
+            check_int(source, f"eval.{key}", section[key], 1)
+    temperature = section.get("temperature", 0.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"{source}: eval.temperature={temperature!r} must be a number >= 0 (0: greedy)")
+    if section.get("n_samples", 1) > 1 and temperature == 0:
+        raise ValueError(f"{source}: eval.n_samples > 1 needs eval.temperature > 0 (0 means greedy decoding)")
+    if "enabled" in section and not isinstance(section["enabled"], bool):
+        raise ValueError(f"{source}: eval.enabled={section['enabled']!r} must be true or false")
+
+
+def eval_settings(config: dict[str, Any], *, max_new_tokens: int, batch_size: int, seed: int) -> dict[str, Any]:
+    """The held-out decoding settings: the recipe's ``eval`` section over these defaults (greedy, enabled)."""
+    return {"enabled": True, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "n_samples": 1,
+            "temperature": 0.0, "seed": seed, **(config.get("eval") or {})}
+
+
+@dataclasses.dataclass
+class RunSetup:
+    """What :func:`prepare_run` resolved before any model weights load or any file is written.
+
+    Attributes:
+        out: the run directory. resume: ``False`` or the checkpoint to resume from. seed: the run's seed.
+        trainer_cfg: the ``trainer`` section with device/precision resolved and klear's defaults filled in.
+        precision: the resolved :class:`klear.precision.Precision`. args: the trainer's config object.
+        model_path: a local checkpoint path (``embedded`` converted). model_config: its ``AutoConfig``.
+    """
+
+    out: Path
+    resume: str | bool
+    seed: int
+    trainer_cfg: dict[str, Any]
+    precision: Precision
+    args: Any
+    model_path: str
+    model_config: Any
+
+
+def prepare_run(config: dict[str, Any], *, source: str, resume: bool | str, config_cls: type,
+                trainer_defaults: dict[str, Any] | None = None) -> RunSetup:
+    """Resolve a validated recipe into a :class:`RunSetup`: resume checkpoint, precision, trainer arguments, model.
+
+    Trainer defaults (unless the recipe sets them): ``seed`` = the run's seed, ``logging_steps=1``,
+    ``report_to=["tensorboard"]`` (events under ``<output_dir>/tensorboard``), then ``trainer_defaults``.
+
+    Raises:
+        ValueError: ``bf16``/``fp16`` without a CUDA GPU, ``use_vllm`` without one, a trainer value
+            ``config_cls`` rejects, or a resume checkpoint of another model (all prefixed with ``source``).
+        FileNotFoundError: ``resume`` was asked but there is no checkpoint.
+    """
+    import os
+
+    from transformers import AutoConfig
+
+    from klear.models.embedded import resolve_model_path
+    from klear.precision import resolve_trainer_precision
+
+    silence_checkpointing_deprecations()
+    out = Path(config["output_dir"])
+    flag = "--resume" if resume is True else "--resume-from"
+    resume = resolve_resume(out, resume)
+    seed = int(config.get("seed", 0))
+    try:
+        trainer_cfg, precision = resolve_trainer_precision(config["trainer"])
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    if precision.device == "cpu" and trainer_cfg.get("use_vllm"):
+        raise ValueError(f"{source}: trainer.use_vllm=true needs a CUDA GPU; none is visible")
+    for key, value in {"seed": seed, "logging_steps": 1, "report_to": ["tensorboard"],
+                       **(trainer_defaults or {})}.items():
+        trainer_cfg.setdefault(key, value)
+    try:
+        args = config_cls(output_dir=str(out / "checkpoints"), **trainer_cfg)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{source}: trainer: {e}") from None
+    model_path = resolve_model_path(str(config["model"]))
+    model_config = AutoConfig.from_pretrained(model_path)
+    if resume:
+        check_checkpoint_model(resume, model_config, str(config["model"]), flag=flag)
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
+    return RunSetup(out, resume, seed, trainer_cfg, precision, args, model_path, model_config)
+
+
+def format_paired(name: str, r: dict[str, Any]) -> str:
+    """One line of a :func:`klear.eval.heldout.paired_difference` result: before -> after, 95% CI, McNemar p."""
+    return (f"held-out {name} (n={r['n']}): before {r['before']:.3f} -> after {r['after']:.3f}; paired difference "
+            f"{r['mean_diff']:+.3f}, 95% CI [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]; improved {r['n_improved']}, "
+            f"worsened {r['n_worsened']}, McNemar p={r['mcnemar_p']:.2g}")
+
+
+def finish_run(setup: RunSetup, trainer, tokenizer, report: dict[str, Any], *, report_text: str | None,
+               panels=None) -> None:
+    """After training: save ``final/`` (model and tokenizer), write ``eval.json`` (``report``), print
+    ``report_text`` and plot ``training_curves.png`` from ``metrics.jsonl`` (``panels``: see
+    :func:`klear.utils.plotting.plot_training_curves`). Files are written by the main process only."""
+    import logging
+
+    from klear.utils.plotting import plot_training_curves
+
+    out = setup.out
+    trainer.save_model(str(out / "final"))
+    if not is_main_process():
+        return
+    tokenizer.save_pretrained(str(out / "final"))
+    (out / "eval.json").write_text(json.dumps(report, indent=2))
+    if report_text:
+        print(report_text, flush=True)
+    if (out / "metrics.jsonl").is_file():
+        try:
+            png = plot_training_curves(out / "metrics.jsonl", out / "training_curves.png", title=str(out),
+                                       panels=panels)
+            print(f"training curves: {png}", flush=True)
+        except ValueError as e:  # no logged step (e.g. max_steps=0)
+            logging.getLogger(__name__).warning("no plot: %s", e)

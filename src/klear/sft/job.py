@@ -7,7 +7,7 @@ Run directory layout (``output_dir``)::
     metrics.jsonl          one row per logging step (loss, learning_rate, grad_norm, token accuracy, ...)
     tensorboard/           TensorBoard events of the same metrics
     checkpoints/           TRL/transformers checkpoints (``--resume`` continues from the latest)
-    eval_before.json       held-out greedy results of the starting model (per-problem completions)
+    eval_before.json       held-out results of the starting model (greedy, or avg@n: ``eval`` section)
     eval_after.json        the same for the SFT model
     eval.json              paired comparisons: accuracy and format compliance, 95% intervals, McNemar p
     training_curves.png    loss, learning rate, grad norm and token accuracy vs step
@@ -38,9 +38,7 @@ closes a think block, ``</think>``, and puts a non-empty ``\\boxed{}`` after it)
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -51,9 +49,8 @@ logger = logging.getLogger(__name__)
 _TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer"}
 _DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "system_prompt", "instruction",
               "data_source", "filter", "easy_pass_rate"}
-_EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size"}
 
-__all__ = ["format_compliant", "format_report", "plot_sft_curves", "run_sft", "validate_sft_config"]
+__all__ = ["format_compliant", "format_report", "run_sft", "validate_sft_config"]
 
 
 def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
@@ -64,7 +61,7 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
             trainer field that :class:`KlearSFTConfig` does not have (with a "did you mean"), or a
             trainer value of the wrong type.
     """
-    from klear.runs import check_int, check_trainer_section
+    from klear.runs import check_eval_section, check_int, check_trainer_section
     from klear.runs import check_section_keys as _check_keys
     from klear.sft.trainer import KlearSFTConfig
 
@@ -73,16 +70,13 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
         if config.get(key) in (None, ""):
             raise ValueError(f"{source}: '{key}' is required")
     _check_keys(config["data"], _DATA_KEYS, "'data'", source)
-    _check_keys(config.get("eval") or {}, _EVAL_KEYS, "'eval'", source)
+    check_eval_section(config, source)
     check_trainer_section(config["trainer"], KlearSFTConfig, source)
     if "seed" in config:
         check_int(source, "seed", config["seed"], 0)
     for key in ("train_size", "heldout_size"):
         if key in config["data"]:
             check_int(source, f"data.{key}", config["data"][key], 1)
-    for key in ("max_new_tokens", "batch_size"):
-        if key in (config.get("eval") or {}):
-            check_int(source, f"eval.{key}", config["eval"][key], 1)
     trainer = config["trainer"]
     for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         if trainer.get(key) is not None:
@@ -106,16 +100,6 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
                                  f"data.heldout=reasoning_gym")
     if data.get("filter", "none") not in ("none", "correct", "by_difficulty"):
         raise ValueError(f"{source}: data.filter={data.get('filter')!r} must be none, correct or by_difficulty")
-
-
-def _device_defaults(trainer_cfg: dict[str, Any], source: str = "config"):
-    """``(trainer section with device/precision resolved, Precision)``: see :mod:`klear.precision`."""
-    from klear.precision import resolve_trainer_precision
-
-    try:
-        return resolve_trainer_precision(trainer_cfg)
-    except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
 
 
 def _build_datasets(data: dict[str, Any], seed: int):
@@ -162,7 +146,7 @@ def format_compliant(text: str) -> bool:
 
 
 def _heldout_eval(model, tokenizer, heldout, eval_cfg: dict, path: Path, *, reuse: bool) -> dict[str, Any]:
-    """Greedy held-out accuracy and format compliance; saved to ``path`` (reused on resume).
+    """Held-out accuracy and format compliance; saved to ``path`` (reused on resume).
 
     :func:`klear.runs.heldout_eval` (the evaluator ``klear rl`` uses too) plus ``format_ok``,
     ``format_rate``, ``think_closed_rate`` and ``mean_completion_tokens``.
@@ -170,81 +154,25 @@ def _heldout_eval(model, tokenizer, heldout, eval_cfg: dict, path: Path, *, reus
     from klear.runs import heldout_eval
 
     def annotate(result: dict[str, Any]) -> None:
-        completions, n = result["completions"], max(1, result["n"])
-        result["format_ok"] = [format_compliant(c) for c in completions]
-        result["format_rate"] = sum(result["format_ok"]) / n
-        result["think_closed_rate"] = sum("</think>" in c for c in completions) / n
+        completions, k = result["completions"], result["samples_per_problem"]
+        ok = [format_compliant(c) for c in completions]
+        # per problem, like ``correct``: a bool (greedy) or the fraction of its k samples (avg@k)
+        result["format_ok"] = ok if k == 1 else [sum(ok[i:i + k]) / k for i in range(0, len(ok), k)]
+        m = max(1, len(completions))
+        result["format_rate"] = sum(ok) / m
+        result["think_closed_rate"] = sum("</think>" in c for c in completions) / m
         result["mean_completion_tokens"] = sum(len(tokenizer(c, add_special_tokens=False)["input_ids"])
-                                               for c in completions) / n
+                                               for c in completions) / m
 
-    return heldout_eval(model, tokenizer, heldout, max_new_tokens=eval_cfg["max_new_tokens"],
-                        batch_size=eval_cfg["batch_size"], path=path, reuse=reuse, annotate=annotate)
+    return heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=reuse, annotate=annotate)
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """Two human-readable lines: held-out accuracy and format compliance, before -> after, with 95% CIs."""
-    lines = []
-    for key, name in (("accuracy", "accuracy"), ("format", "format compliance")):
-        r = report[key]
-        lines.append(
-            f"held-out {name} (n={r['n']}): before {r['before']:.3f} -> after {r['after']:.3f}; paired difference "
-            f"{r['mean_diff']:+.3f}, 95% CI [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]; improved {r['n_improved']}, "
-            f"worsened {r['n_worsened']}, McNemar p={r['mcnemar_p']:.2g}")
-    return "\n".join(lines)
+    """Two human-readable lines: held-out accuracy and format compliance (:func:`klear.runs.format_paired`)."""
+    from klear.runs import format_paired
 
-
-_SFT_PANELS = [("loss (response-token NLL)", ("loss",)), ("learning rate", ("learning_rate",)),
-               ("grad norm", ("grad_norm",)), ("token accuracy", ("mean_token_accuracy",))]
-
-
-def plot_sft_curves(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, title: str | None = None) -> Path:
-    """Plot loss, learning rate, grad norm and token accuracy vs step from an SFT ``metrics.jsonl``.
-
-    Args:
-        metrics_jsonl: one ``{"step", "loss", "learning_rate", ...}`` object per line (see
-            :func:`klear.utils.plotting.read_metrics` for the lines that are skipped).
-        out_png: output image (parent folders are created).
-        title: figure title (default: the file name).
-
-    Returns:
-        The written PNG path.
-
-    Raises:
-        FileNotFoundError: no such metrics file.
-        ValueError: no row holds any of the plotted keys (the message names the file).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    from klear.utils.plotting import read_metrics
-
-    series = read_metrics(metrics_jsonl)
-    panels = [(name, [k for k in keys if series.get(k)]) for name, keys in _SFT_PANELS]
-    panels = [(name, keys) for name, keys in panels if keys]
-    if not panels:
-        raise ValueError(f"{metrics_jsonl}: no plottable rows (need a numeric 'step' and loss / learning_rate)")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.2), squeeze=False)
-    try:
-        for ax, (name, keys) in zip(axes[0], panels):
-            for key in keys:
-                pts = sorted(series[key])
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None,
-                        markersize=3, label=key)
-            ax.set_title(name)
-            ax.set_xlabel("step")
-            ax.grid(True, alpha=0.3)
-            if name == "learning rate":
-                ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
-        fig.suptitle(title if title is not None else Path(metrics_jsonl).name)
-        fig.tight_layout()
-        out = Path(out_png)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
-    finally:
-        plt.close(fig)
-    return out
+    return "\n".join(format_paired(name, report[key]) for key, name in (("accuracy", "accuracy"),
+                                                                        ("format", "format compliance")))
 
 
 def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:
@@ -264,98 +192,64 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         ValueError: an invalid recipe (see :func:`validate_sft_config`) or dataset.
         FileNotFoundError: ``resume`` was asked but there is no checkpoint, or a data file is missing.
     """
-    from klear.runs import silence_checkpointing_deprecations
-
-    silence_checkpointing_deprecations()
     validate_sft_config(config, source)
     import torch
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from klear.models.embedded import resolve_model_path
+    from klear.eval.heldout import paired_difference
     from klear.rl.callbacks import MetricsJsonlCallback
+    from klear.runs import eval_settings, finish_run, is_main_process, prepare_run, start_run
     from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
+    from klear.utils.plotting import SFT_PANELS
 
-    from klear.runs import check_checkpoint_model, is_main_process, resolve_resume, start_run
-
-    out = Path(config["output_dir"])
-    ckpt_dir = out / "checkpoints"
-    flag = "--resume" if resume is True else "--resume-from"
-    resume = resolve_resume(out, resume)
-    seed = int(config.get("seed", 0))
-    trainer_cfg, precision = _device_defaults(config["trainer"], source)
-    trainer_cfg.setdefault("seed", seed)
-    trainer_cfg.setdefault("logging_steps", 1)
-    trainer_cfg.setdefault("report_to", ["tensorboard"])
-    trainer_cfg.setdefault("completion_only_loss", True)
-    try:  # before any heavy work or file is written
-        args = KlearSFTConfig(output_dir=str(ckpt_dir), **trainer_cfg)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{source}: trainer: {e}") from None
-    model_path = resolve_model_path(str(config["model"]))
-    if resume:
-        check_checkpoint_model(resume, AutoConfig.from_pretrained(model_path), str(config["model"]), flag=flag)
-
+    setup = prepare_run(config, source=source, resume=resume, config_cls=KlearSFTConfig,
+                        trainer_defaults={"completion_only_loss": True})
+    out, seed = setup.out, setup.seed
     t0 = time.time()
     train, heldout, filter_stats = _build_datasets(config["data"], seed)
     logger.info("data: %d SFT examples, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0,
                 time.time() - t0)
-    run_dir = start_run(out, config, trainer_cfg, precision, stage="sft", resumed=bool(resume))
+    run_dir = start_run(out, config, setup.trainer_cfg, setup.precision, stage="sft", resumed=bool(setup.resume))
     main = is_main_process()
     with run_dir.removed_on_failure():  # a run that fails before training leaves no directory behind
         if main and config["data"]["train"] == "teacher":  # generated data: keep it (a file is already a file)
             train.to_json(str(out / "sft_data.jsonl"), lines=True, force_ascii=False)
         torch.manual_seed(seed)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(setup.model_path)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-
-        os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
         trainer = KlearSFTTrainer(
-            model=model_path,
-            args=args,
+            model=setup.model_path,
+            args=setup.args,
             train_dataset=train,
             processing_class=tokenizer,
             callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
         )
-
-        eval_cfg = {"enabled": True, "max_new_tokens": 512, "batch_size": 32, **(config.get("eval") or {})}
+        eval_cfg = eval_settings(config, max_new_tokens=512, batch_size=32, seed=seed)
         do_eval = heldout is not None and eval_cfg["enabled"]
         model = trainer.accelerator.unwrap_model(trainer.model)
         before = None
         if do_eval:
-            before = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(resume))
+            before = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_before.json",
+                                   reuse=bool(setup.resume))
             if main:
                 print(f"held-out before SFT: accuracy {before['accuracy']:.3f}, format compliance "
                       f"{before['format_rate']:.3f} (n={before['n']})", flush=True)
             model.train()
 
-    trainer.train(resume_from_checkpoint=resume or None)
-    trainer.save_model(str(out / "final"))
-    if main:
-        tokenizer.save_pretrained(str(out / "final"))
-
+    trainer.train(resume_from_checkpoint=setup.resume or None)
     report: dict[str, Any] = {"model": str(config["model"]), "steps": trainer.state.global_step,
                               "train_examples": len(train)}
     if filter_stats is not None:
         report["filter"] = filter_stats
     if do_eval:
-        from klear.eval.heldout import paired_difference
-
         after = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_after.json", reuse=False)
         report["accuracy"] = paired_difference(before["correct"], after["correct"])
         report["format"] = paired_difference(before["format_ok"], after["format_ok"])
         report["mean_completion_tokens"] = {"before": before["mean_completion_tokens"],
                                             "after": after["mean_completion_tokens"]}
-    if not main:
-        return report
-    if do_eval:
-        print(format_report(report), flush=True)
-    (out / "eval.json").write_text(json.dumps(report, indent=2))
-    if (out / "metrics.jsonl").is_file():
-        try:
-            png = plot_sft_curves(out / "metrics.jsonl", out / "training_curves.png", title=str(out))
-            print(f"training curves: {png}", flush=True)
-        except ValueError as e:  # no logged step (e.g. max_steps=0)
-            logger.warning("no plot: %s", e)
-    print(f"SFT model: {out / 'final'}  (continue with: klear rl model={out / 'final'} ...)", flush=True)
+    finish_run(setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None,
+               panels=SFT_PANELS)
+    if main:
+        print(f"SFT model: {out / 'final'}  (continue with: klear rl model={out / 'final'} ...)", flush=True)
     return report

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 # (subplot title, metric keys drawn on it). A panel is drawn when at least one key has data.
-PANELS: list[tuple[str, tuple[str, ...]]] = [
+# RL_PANELS: ``klear rl`` (GPPOTrainer's and TRL's metrics); SFT_PANELS: ``klear sft``.
+RL_PANELS: list[tuple[str, tuple[str, ...]]] = [
     ("reward", ("reward",)),
     ("accuracy", ("klear/accuracy",)),
     ("clip fraction", ("klear/clip_frac_high", "klear/clip_frac_low")),
@@ -17,6 +19,12 @@ PANELS: list[tuple[str, tuple[str, ...]]] = [
     ("SFT loss", ("klear/sft_loss",)),
     ("policy loss", ("klear/policy_loss",)),
     ("mean completion length", ("completions/mean_length",)),
+]
+SFT_PANELS: list[tuple[str, tuple[str, ...]]] = [
+    ("loss (response-token NLL)", ("loss",)),
+    ("learning rate", ("learning_rate",)),
+    ("grad norm", ("grad_norm",)),
+    ("token accuracy", ("mean_token_accuracy",)),
 ]
 
 
@@ -63,10 +71,12 @@ def read_metrics(metrics_jsonl: str | os.PathLike) -> dict[str, list[tuple[float
     return series
 
 
-def plot_training_curves(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, title: str | None = None) -> Path:
+def plot_training_curves(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, title: str | None = None,
+                         panels: Sequence[tuple[str, Sequence[str]]] | None = None) -> Path:
     """Plot the training curves found in a metrics JSONL into one PNG.
 
-    One subplot per metric group present in the file, in this order: reward (``reward``),
+    One subplot per metric group (``panels``, default :data:`RL_PANELS`) present in the file. The RL
+    groups, in order: reward (``reward``),
     accuracy (``klear/accuracy``), clip fractions (``klear/clip_frac_high`` and
     ``klear/clip_frac_low`` together), entropy (``entropy``), grad norm (``grad_norm``), SFT
     loss (``klear/sft_loss``), policy loss (``klear/policy_loss``) and mean completion length
@@ -76,6 +86,7 @@ def plot_training_curves(metrics_jsonl: str | os.PathLike, out_png: str | os.Pat
         metrics_jsonl: per-step metrics file (see :func:`read_metrics` for what is skipped).
         out_png: output image path (parent folders are created).
         title: figure title; default the file name.
+        panels: ``[(subplot title, metric keys)]``, e.g. :data:`SFT_PANELS`; default :data:`RL_PANELS`.
 
     Returns:
         The path of the written PNG.
@@ -91,11 +102,12 @@ def plot_training_curves(metrics_jsonl: str | os.PathLike, out_png: str | os.Pat
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    groups = RL_PANELS if panels is None else panels
     series = read_metrics(metrics_jsonl)
-    panels = [(name, [k for k in keys if series.get(k)]) for name, keys in PANELS]
-    panels = [(name, keys) for name, keys in panels if keys]
+    found = [(name, [k for k in keys if series.get(k)]) for name, keys in groups]
+    panels = [(name, keys) for name, keys in found if keys]
     if not panels:
-        known = sorted(k for _, keys in PANELS for k in keys)
+        known = sorted(k for _, keys in groups for k in keys)
         raise ValueError(f"{metrics_jsonl}: no plottable rows (need lines with a numeric 'step' and any of {known})")
 
     n = len(panels)
@@ -115,6 +127,8 @@ def plot_training_curves(metrics_jsonl: str | os.PathLike, out_png: str | os.Pat
             ax.grid(True, alpha=0.3)
             if len(keys) > 1:
                 ax.legend(fontsize=8)
+            if name == "learning rate":
+                ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
         for ax in flat[n:]:
             ax.set_visible(False)
         fig.suptitle(title if title is not None else Path(metrics_jsonl).name)
