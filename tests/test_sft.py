@@ -203,7 +203,7 @@ def test_load_sft_file_layouts_and_errors(tmp_path):
          "row 1: field 'messages[1].content' is int"),
         ({"prompt": "q", "response": "  "}, "row 1: field 'response' is empty"),
         ({"question": "q"}, "row 1: no 'messages' and no 'prompt'"),
-        ({"prompt": "q", "response": "a", "difficulty": "medium"}, "row 1: field 'difficulty'"),
+        ({"prompt": "q", "response": "a", "difficulty": "trivial"}, "row 1: field 'difficulty' is 'trivial'"),
     ]
     for rec, message in bad_rows:
         path.write_text(json.dumps(rows[1]) + "\n" + json.dumps(rec) + "\n")

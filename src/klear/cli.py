@@ -22,17 +22,10 @@ _SUBCOMMAND_MODULES: list[str] = [
 
 
 def _rl(ns: argparse.Namespace) -> int:
-    from klear.config import load_config
     from klear.rl.job import run_rl
+    from klear.runs import run_command
 
-    config, path = load_config(ns.config, ns.overrides)
-    if ns.output_dir:
-        config["output_dir"] = ns.output_dir
-    resume = ns.resume_from or ns.resume
-    print(f"klear rl: recipe {path}, run directory {config.get('output_dir')}", flush=True)
-    source = f"{path} + command-line overrides" if ns.overrides else str(path)
-    run_rl(config, source=source, resume=resume)
-    return 0
+    return run_command(ns, "rl", run_rl)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -44,6 +37,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from klear.runs import add_run_arguments
+
     parser = OneLineErrorParser(prog="klear", description="Klear-Reasoner post-training: GPPO RL and friends.")
     sub = parser.add_subparsers(dest="command", required=True)
     rl = sub.add_parser(
@@ -51,14 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPPO reinforcement learning (default recipe: the tiny CPU demo)",
         description="Train with GPPO. Overrides use dotted keys, e.g. trainer.learning_rate=1e-6 data.train=x.jsonl",
     )
-    rl.add_argument("--config", default="rl_demo",
-                    help="a YAML recipe path, or a shipped recipe name (rl_demo, rl_math_klear, rl_code_demo, rl_code_klear); default rl_demo")
-    rl.add_argument("--output-dir", default=None, help="run directory (overrides output_dir)")
-    rl.add_argument("--resume", action="store_true",
-                    help="continue from the latest checkpoint in <output_dir>/checkpoints")
-    rl.add_argument("--resume-from", default=None, metavar="CHECKPOINT",
-                    help="continue from this checkpoint directory")
-    rl.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
+    add_run_arguments(rl, default_recipe="rl_demo", recipes="rl_demo, rl_math_klear, rl_code_demo, rl_code_klear")
     rl.set_defaults(func=_rl)
     for module_name in _SUBCOMMAND_MODULES:
         importlib.import_module(module_name).add_parser(sub)

@@ -41,7 +41,7 @@ from klear.precision import Precision
 
 __all__ = ["AUTO_FIELDS", "EVAL_KEYS", "RunDir", "RunSetup", "check_checkpoint_model", "check_eval_section",
            "check_int", "check_prompt_context", "check_section_keys", "check_trainer_section", "eval_settings",
-           "finish_run", "format_paired", "heldout_eval", "is_main_process", "prepare_run", "resolve_resume",
+           "finish_run", "format_paired", "heldout_eval", "is_main_process", "prepare_run", "resolve_resume", "run_command", "add_run_arguments",
            "silence_checkpointing_deprecations", "start_run"]
 
 #: Keys of a recipe's ``eval`` section (held-out evaluation before/after training).
@@ -451,3 +451,34 @@ def finish_run(setup: RunSetup, trainer, tokenizer, report: dict[str, Any], *, r
             print(f"training curves: {png}", flush=True)
         except ValueError as e:  # no logged step (e.g. max_steps=0)
             logging.getLogger(__name__).warning("no plot: %s", e)
+
+
+def run_command(ns, stage: str, run) -> int:
+    """The ``klear rl`` / ``klear sft`` command: load ``ns.config`` with ``ns.overrides``, apply
+    ``--output-dir`` and ``--resume``/``--resume-from``, then ``run(config, source=..., resume=...)``.
+
+    Returns:
+        The exit code, 0.
+    """
+    from klear.config import load_config
+
+    config, path = load_config(ns.config, ns.overrides)
+    if ns.output_dir:
+        config["output_dir"] = ns.output_dir
+    print(f"klear {stage}: recipe {path}, run directory {config.get('output_dir')}", flush=True)
+    source = f"{path} + command-line overrides" if ns.overrides else str(path)
+    run(config, source=source, resume=ns.resume_from or ns.resume)
+    return 0
+
+
+def add_run_arguments(parser, *, default_recipe: str, recipes: str) -> None:
+    """The arguments ``klear rl`` and ``klear sft`` share: ``--config``, ``--output-dir``, ``--resume``,
+    ``--resume-from`` and the ``key=value`` overrides (read by :func:`run_command`)."""
+    parser.add_argument("--config", default=default_recipe,
+                        help=f"a YAML recipe path, or a shipped recipe name ({recipes}); default {default_recipe}")
+    parser.add_argument("--output-dir", default=None, help="run directory (overrides output_dir)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in <output_dir>/checkpoints")
+    parser.add_argument("--resume-from", default=None, metavar="CHECKPOINT",
+                        help="continue from this checkpoint directory")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from klear.data.prompts import DEFAULT_INSTRUCTION, build_user_message
+from klear.data.rows import check_messages, read_rows
+from klear.data.text import short_repr
 
 DEFAULT_FEW_SHOT: tuple[dict, ...] = (
     {"question": "Calculate 2 + 3.", "answer": "2 + 3 = 5. The answer is \\boxed{5}."},
@@ -55,7 +57,6 @@ excluded from the generated problems.
 """
 
 DEFAULT_DATA_SOURCE = "math_reasoning_gym"
-VALID_ROLES = ("system", "user", "assistant", "tool")
 
 __all__ = [
     "DEFAULT_DATA_SOURCE",
@@ -321,44 +322,6 @@ def make_train_and_heldout(
 _GT_EXPECTED = "expected a non-empty string or number, or a non-empty list of them"
 
 
-def _read_records(path: Path) -> list[Any]:
-    """Rows of a JSONL / JSON / parquet file (also ``.jsonl.gz`` / ``.json.gz``), through the one
-    row reader of every stage (:func:`klear.data.io.iter_records`: 0-based rows, blank lines not
-    counted; invalid JSON and non-UTF-8 text name the file, the 1-based line and the row)."""
-    from klear.data.io import iter_records
-
-    return [rec.data for rec in iter_records(path)]
-
-
-def _check_messages(where: str, prompt: Any) -> list[dict]:
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise ValueError(f"{where}: field 'prompt' is an empty string (expected a non-empty string "
-                             f"or a list of {{'role', 'content'}} messages)")
-        return [{"role": "user", "content": prompt}]
-    if not isinstance(prompt, list) or not prompt:
-        raise ValueError(f"{where}: field 'prompt' is {type(prompt).__name__} {_short(prompt)} (expected a "
-                         f"non-empty list of {{'role', 'content'}} messages, or a string)")
-    messages = []
-    for j, msg in enumerate(prompt):
-        if not isinstance(msg, dict):
-            raise ValueError(f"{where}: field 'prompt[{j}]' is {type(msg).__name__} {_short(msg)} "
-                             f"(expected a {{'role', 'content'}} dict)")
-        role, content = msg.get("role"), msg.get("content")
-        if role not in VALID_ROLES:
-            raise ValueError(f"{where}: field 'prompt[{j}].role' is {_short(role)} (expected one of {VALID_ROLES})")
-        if not isinstance(content, str):
-            raise ValueError(f"{where}: field 'prompt[{j}].content' is {type(content).__name__} "
-                             f"{_short(content)} (expected a string)")
-        messages.append({"role": role, "content": content})
-    return messages
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def _scalar_gt(value: Any) -> str | None:
     """String form of a scalar ground truth, or None if it is not acceptable."""
     if isinstance(value, bool):
@@ -376,24 +339,24 @@ def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str]:
     if reward_model is None:
         raise ValueError(f"{where}: field 'reward_model' is missing (expected a dict with 'ground_truth')")
     if not isinstance(reward_model, dict):
-        raise ValueError(f"{where}: field 'reward_model' is {type(reward_model).__name__} {_short(reward_model)} "
+        raise ValueError(f"{where}: field 'reward_model' is {type(reward_model).__name__} {short_repr(reward_model)} "
                          f"(expected a dict with 'ground_truth')")
     style = reward_model.get("style", "rule")
     if style is None:
         style = "rule"
     if not isinstance(style, str):
-        raise ValueError(f"{where}: field 'reward_model.style' is {_short(style)} (expected a string)")
+        raise ValueError(f"{where}: field 'reward_model.style' is {short_repr(style)} (expected a string)")
     if "ground_truth" not in reward_model or reward_model["ground_truth"] is None:
         raise ValueError(f"{where}: field 'reward_model.ground_truth' is missing ({_GT_EXPECTED})")
     gt = reward_model["ground_truth"]
     if isinstance(gt, list):
         items = [_scalar_gt(x) for x in gt]
         if not items or any(x is None for x in items):
-            raise ValueError(f"{where}: field 'reward_model.ground_truth' is {_short(gt)} ({_GT_EXPECTED})")
+            raise ValueError(f"{where}: field 'reward_model.ground_truth' is {short_repr(gt)} ({_GT_EXPECTED})")
         return json.dumps(items, ensure_ascii=False), style
     text = _scalar_gt(gt)
     if text is None:
-        raise ValueError(f"{where}: field 'reward_model.ground_truth' is {type(gt).__name__} {_short(gt)} "
+        raise ValueError(f"{where}: field 'reward_model.ground_truth' is {type(gt).__name__} {short_repr(gt)} "
                          f"({_GT_EXPECTED})")
     return text, style
 
@@ -479,22 +442,13 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
     import datasets
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    records = _read_records(path)
-    if not records:
-        raise ValueError(f"{path}: no rows (empty file)")
-
     rows: list[dict] = []
     seen_ids: dict[str, int] = {}
-    for r, rec in enumerate(records):
-        where = f"{path}: row {r}"
-        if not isinstance(rec, dict):
-            raise ValueError(f"{where}: is {type(rec).__name__} {_short(rec)} (expected a JSON object)")
+    for r, (where, rec) in enumerate(read_rows(path)):
         if "prompt" not in rec or rec["prompt"] is None:
             raise ValueError(f"{where}: field 'prompt' is missing (expected a non-empty list of "
                              f"{{'role', 'content'}} messages, or a string)")
-        messages = _check_messages(where, rec["prompt"])
+        messages = check_messages(where, "prompt", rec["prompt"], allow_string=True)
 
         data_source = rec.get("data_source")
         if data_source is None:
@@ -503,7 +457,7 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
                                  f"or pass default_data_source)")
             data_source = default_data_source
         if not isinstance(data_source, str) or not data_source:
-            raise ValueError(f"{where}: field 'data_source' is {_short(data_source)} (expected a non-empty string)")
+            raise ValueError(f"{where}: field 'data_source' is {short_repr(data_source)} (expected a non-empty string)")
 
         if _is_code_source(data_source):
             ground_truth, style = _check_code_ground_truth(where, rec.get("reward_model"), rec.get("extra_info"))
@@ -515,7 +469,7 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
         if extra is None:
             extra = {}
         if not isinstance(extra, dict):
-            raise ValueError(f"{where}: field 'extra_info' is {type(extra).__name__} {_short(extra)} "
+            raise ValueError(f"{where}: field 'extra_info' is {type(extra).__name__} {short_repr(extra)} "
                              f"(expected a dict)")
         try:
             json.dumps(extra)
@@ -524,11 +478,11 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
         extra = dict(extra)
         index = extra.get("index")
         if index is not None and (isinstance(index, bool) or not isinstance(index, (int, str))):
-            raise ValueError(f"{where}: field 'extra_info.index' is {_short(index)} (expected an int or string)")
+            raise ValueError(f"{where}: field 'extra_info.index' is {short_repr(index)} (expected an int or string)")
         given_id = rec.get("prompt_id")
         if given_id is not None:
             if isinstance(given_id, bool) or not isinstance(given_id, (int, str)) or given_id == "":
-                raise ValueError(f"{where}: field 'prompt_id' is {_short(given_id)} (expected a non-empty "
+                raise ValueError(f"{where}: field 'prompt_id' is {short_repr(given_id)} (expected a non-empty "
                                  f"string or an int)")
             prompt_id, id_field = str(given_id), "prompt_id"
         elif index is not None:
@@ -591,5 +545,5 @@ def load_rl_dataset(source, **kwargs: Any):
         return load_rl_file(path, **kwargs)
     if isinstance(source, Sequence) and source and all(isinstance(t, Mapping) for t in source):
         return make_reasoning_gym_dataset(source, **kwargs)
-    raise ValueError(f"unsupported RL data source {_short(source)} (expected a file path or a list of "
+    raise ValueError(f"unsupported RL data source {short_repr(source)} (expected a file path or a list of "
                      f"reasoning-gym task dicts)")

@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from klear.data.difficulty import DIFFICULTY_LABELS, MIXED_FOR, difficulty_label, keep_response
+from klear.data.rows import check_messages, read_rows
+from klear.data.text import short_repr
 
 DEFAULT_SFT_DATA_SOURCE = "math"
 FILTER_MODES = ("none", "correct", "by_difficulty")
-VALID_ROLES = ("system", "user", "assistant", "tool")
 
 __all__ = [
     "DEFAULT_SFT_DATA_SOURCE",
@@ -51,47 +52,10 @@ __all__ = [
 ]
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# --------------------------------------------------------------------------- files
-
-def _read_records(path: Path) -> list[Any]:
-    """Rows of a JSONL / JSON / parquet file (also ``.jsonl.gz`` / ``.json.gz``), through the one
-    row reader of every stage (:func:`klear.data.io.iter_records`: 0-based rows, blank lines not
-    counted; invalid JSON and non-UTF-8 text name the file, the 1-based line and the row)."""
-    from klear.data.io import iter_records
-
-    return [rec.data for rec in iter_records(path)]
-
-
-def _check_chat(where: str, field: str, value: Any) -> list[dict]:
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"{where}: field '{field}' is {type(value).__name__} {_short(value)} (expected a non-empty "
-                         f"list of {{'role', 'content'}} messages)")
-    out = []
-    for j, msg in enumerate(value):
-        if not isinstance(msg, Mapping):
-            raise ValueError(f"{where}: field '{field}[{j}]' is {type(msg).__name__} {_short(msg)} "
-                             f"(expected a {{'role', 'content'}} dict)")
-        role, content = msg.get("role"), msg.get("content")
-        if role not in VALID_ROLES:
-            raise ValueError(f"{where}: field '{field}[{j}].role' is {_short(role)} (expected one of {VALID_ROLES})")
-        if not isinstance(content, str):
-            raise ValueError(f"{where}: field '{field}[{j}].content' is {type(content).__name__} {_short(content)} "
-                             f"(expected a string)")
-        out.append({"role": role, "content": content})
-    return out
-
-
 def _row_to_example(where: str, rec: Any) -> dict:
     """Validate one file row and convert it to the prompt-completion layout of this module."""
-    if not isinstance(rec, Mapping):
-        raise ValueError(f"{where}: is {type(rec).__name__} {_short(rec)} (expected a JSON object)")
     if rec.get("messages") is not None:
-        messages = _check_chat(where, "messages", rec["messages"])
+        messages = check_messages(where, "messages", rec["messages"])
         last = messages[-1]
         if last["role"] != "assistant":
             raise ValueError(f"{where}: field 'messages[{len(messages) - 1}].role' is {last['role']!r} (expected "
@@ -108,18 +72,18 @@ def _row_to_example(where: str, rec: Any) -> dict:
                 raise ValueError(f"{where}: field 'prompt' is an empty string (expected the question)")
             prompt = [{"role": "user", "content": raw_prompt}]
         else:
-            prompt = _check_chat(where, "prompt", raw_prompt)
+            prompt = check_messages(where, "prompt", raw_prompt)
         key = "response" if rec.get("response") is not None else "completion"
         response = rec.get(key)
         if response is None:
             raise ValueError(f"{where}: field 'response' is missing (a row with 'prompt' needs a 'response' string)")
         if isinstance(response, list):
-            msgs = _check_chat(where, key, response)
+            msgs = check_messages(where, key, response)
             if len(msgs) != 1 or msgs[0]["role"] != "assistant":
-                raise ValueError(f"{where}: field '{key}' must be one assistant message, got {_short(response)}")
+                raise ValueError(f"{where}: field '{key}' must be one assistant message, got {short_repr(response)}")
             response = msgs[0]["content"]
         if not isinstance(response, str):
-            raise ValueError(f"{where}: field '{key}' is {type(response).__name__} {_short(response)} "
+            raise ValueError(f"{where}: field '{key}' is {type(response).__name__} {short_repr(response)} "
                              f"(expected a string)")
         response_field = key
     else:
@@ -134,18 +98,19 @@ def _row_to_example(where: str, rec: Any) -> dict:
         gt, gt_field = rec["reward_model"].get("ground_truth"), "reward_model.ground_truth"
     if gt is not None:
         if isinstance(gt, bool) or not isinstance(gt, (str, int, float)) or (isinstance(gt, str) and not gt.strip()):
-            raise ValueError(f"{where}: field '{gt_field}' is {_short(gt)} (expected a non-empty string or number)")
+            raise ValueError(f"{where}: field '{gt_field}' is {short_repr(gt)} (expected a non-empty string or number)")
         gt = str(gt)
     data_source = rec.get("data_source", DEFAULT_SFT_DATA_SOURCE)
     if not isinstance(data_source, str) or not data_source:
-        raise ValueError(f"{where}: field 'data_source' is {_short(data_source)} (expected a non-empty string)")
+        raise ValueError(f"{where}: field 'data_source' is {short_repr(data_source)} (expected a non-empty string)")
     difficulty = rec.get("difficulty")
-    if difficulty is not None and difficulty not in ("easy", "hard"):
-        raise ValueError(f"{where}: field 'difficulty' is {_short(difficulty)} (expected 'easy' or 'hard')")
+    if difficulty is not None and difficulty not in DIFFICULTY_LABELS:
+        raise ValueError(f"{where}: field 'difficulty' is {short_repr(difficulty)} (expected one of "
+                         f"{DIFFICULTY_LABELS})")
     pass_rate = rec.get("pass_rate")
     if pass_rate is not None and (isinstance(pass_rate, bool) or not isinstance(pass_rate, (int, float))
                                   or not (0.0 <= float(pass_rate) <= 1.0) or math.isnan(float(pass_rate))):
-        raise ValueError(f"{where}: field 'pass_rate' is {_short(pass_rate)} (expected a number in [0, 1])")
+        raise ValueError(f"{where}: field 'pass_rate' is {short_repr(pass_rate)} (expected a number in [0, 1])")
     return {
         "prompt": prompt,
         "completion": [{"role": "assistant", "content": response}],
@@ -177,14 +142,7 @@ def load_sft_file(path: str | os.PathLike):
     import datasets
 
     path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path}: is a directory (expected a .jsonl, .json or .parquet file)")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    records = _read_records(path)
-    if not records:
-        raise ValueError(f"{path}: no rows (empty file)")
-    rows = [_row_to_example(f"{path}: row {r}", rec) for r, rec in enumerate(records)]
+    rows = [_row_to_example(where, rec) for where, rec in read_rows(path)]
     return datasets.Dataset.from_list(rows)
 
 
