@@ -1,5 +1,5 @@
-"""Tests for klear.rl.losses: values, GRADIENTS (spec 3.1-3.7 gradient table), masking,
-aggregation, micro-batching, dtypes and errors.
+"""Tests for klear.rl.losses: values, GRADIENTS (the gradient table of Eq. 10, 12, 16, 18), masking,
+aggregation, micro-batching, dtypes, errors, the loss-mode registry and the total loss (Eq. 14).
 
 Expected values are written by hand or computed in float64 with a different formula
 (the literal torch.min / torch.clamp expressions of the paper).
@@ -12,7 +12,20 @@ import math
 import pytest
 import torch
 
-from klear.rl.losses import LOSS_AGG_MODES, LOSS_MODES, policy_loss, sft_loss
+from klear.rl.losses import (
+    LOSS_AGG_MODES,
+    LOSS_MODES,
+    LOSS_REGISTRY,
+    METRIC_REDUCTIONS,
+    LossInputs,
+    LossMode,
+    LossSettings,
+    TokenLoss,
+    compute_policy_loss,
+    policy_loss,
+    sft_loss,
+    total_loss,
+)
 
 F64 = torch.float64
 EPS_LOW, EPS_HIGH, C = 0.2, 0.28, 10.0  # lo = 0.8, hi = 1.28
@@ -30,7 +43,7 @@ CASES = [
     ("zero_adv", 3.0, 0.0),  # A = 0: no gradient whatever F
 ]
 
-# F per case, written out by hand from spec 3.3-3.5 (lo = 0.8, hi = 1.28), WITH dual clip c=10.
+# F per case, written out by hand from Eq. 10, 12, 16, 18 (lo = 0.8, hi = 1.28), WITH dual clip c=10.
 MODE_CONFIGS = {
     "ppo_clip": dict(loss_mode="ppo_clip"),
     "gppo": dict(loss_mode="gppo"),
@@ -96,7 +109,6 @@ def test_gradient_table(config, dual):
 def test_case_values_match_literal_formulas(dual):
     """Forward values against the literal Eq. 1 / dual clip / Eq. 15 expressions."""
     lp, old, adv, mask, r, a = _case_batch()
-    n = len(CASES)
     lo, hi = 1 - EPS_LOW, 1 + EPS_HIGH
     ppo_tok = -torch.minimum(r * a, r.clamp(lo, hi) * a)
     if dual:
@@ -147,7 +159,7 @@ def test_gppo_forward_equals_ppo_clip(seed, eps, c):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_gppo_gradient_matches_paper_clamp_expression(seed):
-    """GPPO (beta=1) vs the paper's one-line change written literally (spec 3.3)."""
+    """GPPO (beta=1) vs the paper's one-line change written literally (Eq. 11)."""
     lp, old, adv, mask = _random_batch(seed, spread=1.0)
     lo, hi = 1 - EPS_LOW, 1 + EPS_HIGH
     x = lp.clone().requires_grad_(True)
@@ -494,3 +506,210 @@ def test_sft_loss_masked_junk_and_errors():
     # a divisor below this batch's count is legal (data-parallel: whole-step count / workers)
     half = sft_loss(lp.detach().requires_grad_(), mask, torch.tensor([True, True]), num_tokens=1)
     assert half.item() == pytest.approx(3.0)
+
+
+# --------------------------------------------------------------------------- registry and settings
+
+
+def test_every_registered_mode_has_a_gradient_table_row():
+    """A new loss mode must add its row to F_TABLE / MODE_CONFIGS (the gradient-table test)."""
+    assert set(LOSS_REGISTRY) == set(LOSS_MODES) == {cfg["loss_mode"] for cfg in MODE_CONFIGS.values()}
+    assert set(MODE_CONFIGS) == set(F_TABLE) == set(F_NO_DUAL_CAP)
+    assert all(name == mode.name for name, mode in LOSS_REGISTRY.items())
+
+
+# Settings the loss rejects, with a piece of the expected message (GPPOConfig must reject the same ones:
+# tests/test_trainer.py).
+BAD_SETTINGS = [
+    (dict(loss_mode="grpo"), "valid modes: ppo_clip, gppo, gppo_only_high, cispo"),
+    (dict(loss_mode=["gppo"]), "unknown loss_mode"),
+    (dict(loss_agg_mode="sum"), "valid modes: token-mean, seq-mean-token-mean, seq-mean-token-sum"),
+    (dict(clip_ratio_low=1.0), "clip_ratio_low must be < 1.0, got 1.0"),
+    (dict(clip_ratio_low=1.5), "clip_ratio_low must be < 1.0"),
+    (dict(clip_ratio_low=-0.1), "clip_ratio_low must be >= 0.0"),
+    (dict(clip_ratio_low=math.nan), "clip_ratio_low must be finite"),
+    (dict(clip_ratio_high=-0.1), "clip_ratio_high must be >= 0.0"),
+    (dict(clip_ratio_high=math.inf), "clip_ratio_high must be finite"),
+    (dict(clip_ratio_c=1.0), "clip_ratio_c must be > 1.0, got 1.0"),
+    (dict(clip_ratio_c=0.5), "clip_ratio_c must be > 1.0"),
+    (dict(clip_ratio_c=math.nan), "clip_ratio_c must be finite"),
+    (dict(beta1=-0.5), "beta1 must be >= 0.0"),
+    (dict(beta2=math.inf), "beta2 must be finite"),
+    (dict(loss_mode="ppo_clip", beta1=0.5), "beta1 is only used by loss_mode 'gppo'; got beta1=0.5 with "
+                                            "loss_mode='ppo_clip'"),
+    (dict(loss_mode="gppo_only_high", beta1=0.5), "beta1 is only used by loss_mode 'gppo'"),
+    (dict(loss_mode="cispo", beta2=0.5), "beta2 is only used by loss_mode 'gppo', 'gppo_only_high'"),
+    (dict(loss_mode="ppo_clip", beta2=0.7), "beta2 is only used by loss_mode 'gppo', 'gppo_only_high'"),
+]
+
+
+@pytest.mark.parametrize("settings, message", BAD_SETTINGS, ids=[str(s) for s, _ in BAD_SETTINGS])
+def test_policy_loss_and_loss_settings_reject_the_same_settings(settings, message):
+    lp, old, adv, mask = _random_batch(0, b=2, t=3)
+    with pytest.raises(ValueError) as from_loss:
+        policy_loss(lp, old, adv, mask, **settings)
+    with pytest.raises(ValueError) as from_settings:
+        LossSettings(**settings)
+    assert message in str(from_loss.value)
+    assert str(from_settings.value) == str(from_loss.value)
+
+
+def test_loss_settings_reject_bad_alpha():
+    for alpha, message in ((-0.1, "alpha must be >= 0.0"), (math.nan, "alpha must be finite"),
+                           (math.inf, "alpha must be finite")):
+        with pytest.raises(ValueError, match=message):
+            LossSettings(alpha=alpha)
+    with pytest.raises(TypeError, match="alpha must be a real number"):
+        LossSettings(alpha=True)
+
+
+def test_loss_settings_store_floats_and_accept_mode_specific_values():
+    s = LossSettings(loss_mode="gppo", clip_ratio_low=0, clip_ratio_high=1, clip_ratio_c=3, beta1=0, beta2=2,
+                     alpha=0)
+    assert [type(v) for v in (s.clip_ratio_low, s.clip_ratio_high, s.clip_ratio_c, s.beta1, s.beta2, s.alpha)] \
+        == [float] * 6
+    assert s.mode is LOSS_REGISTRY["gppo"]
+    assert LossSettings(loss_mode="gppo_only_high", beta2=0.7).beta2 == 0.7
+    with pytest.raises(AttributeError):
+        s.alpha = 1.0  # frozen: a LossSettings is always a validated one
+
+
+def test_metric_reductions_name_real_metrics():
+    lp, old, adv, mask = _random_batch(1)
+    _, metrics = policy_loss(lp, old, adv, mask)
+    assert set(METRIC_REDUCTIONS) <= set(metrics)
+    assert set(METRIC_REDUCTIONS.values()) <= {"max", "min"}
+
+
+# --------------------------------------------------------------------------- seq-mean divisor (num_seqs)
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("mode", LOSS_MODES)
+def test_seq_mean_microbatch_split_with_num_seqs(mode, agg):
+    lp, old, adv, mask = _random_batch(13, b=6, t=9, spread=0.8)
+    mask[1] = 0  # a fully masked response: not counted
+    kw = dict(loss_mode=mode, loss_agg_mode=agg, clip_ratio_c=3.0)
+    full_lp = lp.clone().requires_grad_(True)
+    full, _ = policy_loss(full_lp, old, adv, mask, **kw)
+    full.backward()
+    n_seqs = int((mask.sum(dim=1) > 0).sum())
+    assert n_seqs == 5
+    acc_lp = lp.clone().requires_grad_(True)
+    naive_sum = 0.0
+    micro_sum = 0.0
+    for sl in (slice(0, 2), slice(2, 6)):  # 1 and 4 responses with tokens
+        micro, _ = policy_loss(acc_lp[sl], old[sl], adv[sl], mask[sl], num_seqs=n_seqs, **kw)
+        micro.backward()
+        micro_sum += micro.item()
+        naive, _ = policy_loss(lp[sl], old[sl], adv[sl], mask[sl], **kw)
+        naive_sum += naive.item() / 2
+    assert micro_sum == pytest.approx(full.item(), rel=1e-12, abs=1e-14)
+    torch.testing.assert_close(acc_lp.grad, full_lp.grad, rtol=1e-12, atol=1e-15)
+    assert naive_sum != pytest.approx(full.item(), rel=1e-6)  # what num_seqs guards against
+
+
+def test_num_seqs_errors():
+    lp, old, adv, mask = _random_batch(0, b=2, t=3)
+    with pytest.raises(ValueError, match="num_seqs only applies to the seq-mean"):
+        policy_loss(lp, old, adv, mask, num_seqs=2)
+    with pytest.raises(ValueError, match=r"num_seqs must be > 0 when the batch has responses"):
+        policy_loss(lp, old, adv, mask, loss_agg_mode="seq-mean-token-sum", num_seqs=0)
+    with pytest.raises(ValueError, match="num_seqs must be a finite number >= 0"):
+        policy_loss(lp, old, adv, mask, loss_agg_mode="seq-mean-token-sum", num_seqs=-1)
+
+
+def test_loss_inputs_counts_are_used_by_their_aggregation_only():
+    """LossInputs carries all the step's counts; each aggregation divides by its own."""
+    lp, old, adv, mask = _random_batch(4, b=4, t=5)
+    n_tok, n_seq = int(mask.sum()), int((mask.sum(dim=1) > 0).sum())
+    for agg, count in (("token-mean", 2 * n_tok), ("seq-mean-token-sum", 2 * n_seq)):
+        kw = {"num_tokens": count} if agg == "token-mean" else {"num_seqs": count}
+        ref, _ = policy_loss(lp, old, adv, mask, loss_agg_mode=agg, **kw)
+        got, _ = compute_policy_loss(LossInputs(lp, old, adv, mask, num_tokens=2 * n_tok, num_seqs=2 * n_seq),
+                                     LossSettings(loss_agg_mode=agg))
+        assert torch.equal(got, ref)
+        own, _ = policy_loss(lp, old, adv, mask, loss_agg_mode=agg)
+        assert got.item() == pytest.approx(own.item() / 2, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- total loss (Eq. 14)
+
+
+@pytest.mark.parametrize("mode", LOSS_MODES)
+def test_total_loss_is_policy_plus_alpha_sft(mode):
+    lp, old, adv, mask = _random_batch(21, b=5, t=6, spread=0.7)
+    correct = torch.tensor([True, False, True, True, False])
+    n_tok, n_sft = 40, 17  # the whole optimizer step's counts (this batch is part of it)
+    x = lp.clone().requires_grad_(True)
+    loss, metrics = total_loss(
+        LossInputs(x, old, adv, mask, is_correct=correct, num_tokens=n_tok, num_sft_tokens=n_sft),
+        LossSettings(loss_mode=mode, clip_ratio_c=3.0, alpha=0.3))
+    loss.backward()
+    # Reference: policy_loss plus the SFT term written out by hand (Eq. 13), in float64.
+    y = lp.clone().requires_grad_(True)
+    pg, pg_metrics = policy_loss(y, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0, num_tokens=n_tok)
+    sel = mask.bool() & correct[:, None]
+    lm = -(y[sel]).sum() / n_sft
+    (pg + 0.3 * lm).backward()
+    assert loss.item() == pytest.approx(pg.item() + 0.3 * lm.item(), rel=1e-12)
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-12, atol=1e-15)
+    assert metrics["policy_loss"].item() == pytest.approx(pg.item(), rel=1e-12)
+    assert metrics["sft_loss"].item() == pytest.approx(lm.item(), rel=1e-12)
+    assert {k: v.item() for k, v in metrics.items() if k in pg_metrics} == {k: v.item() for k, v in pg_metrics.items()}
+    assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
+
+
+def test_total_loss_alpha_zero_and_missing_is_correct():
+    lp, old, adv, mask = _random_batch(3)
+    x = lp.clone().requires_grad_(True)
+    loss, metrics = total_loss(LossInputs(x, old, adv, mask), LossSettings(alpha=0.0))
+    ref, _ = policy_loss(lp, old, adv, mask)
+    assert torch.equal(loss.detach(), ref)
+    assert metrics["sft_loss"].item() == 0.0 and metrics["sft_loss"].dtype == loss.dtype
+    with pytest.raises(ValueError, match=r"alpha=0.1 needs is_correct \(B,\)"):
+        total_loss(LossInputs(x, old, adv, mask), LossSettings(alpha=0.1))
+
+
+# --------------------------------------------------------------------------- entropy slot of the registry
+
+
+def _entropy_weighted(t, s):
+    """A test-only mode that reads both entropy slots: per-token loss ``-r * A * (H - H_old)``."""
+    return TokenLoss(-t.ratio * t.adv * (t.entropies - t.old_entropies), torch.zeros_like(t.mask),
+                     torch.zeros_like(t.mask))
+
+
+def test_a_registered_mode_gets_the_entropies(monkeypatch):
+    monkeypatch.setitem(LOSS_REGISTRY, "probe", LossMode("probe", _entropy_weighted, needs_entropies=True,
+                                                         needs_old_entropies=True))
+    lp, old, adv, mask = _random_batch(8, b=4, t=6)
+    g = torch.Generator().manual_seed(1)
+    ent = (torch.rand(4, 6, generator=g, dtype=F64) * 2).requires_grad_(True)  # a constant for the loss
+    old_ent = torch.rand(4, 6, generator=g, dtype=F64) * 2
+    ent_junk = ent.detach().clone()
+    ent_junk[~mask.bool()] = math.nan  # masked positions are ignored
+    x = lp.clone().requires_grad_(True)
+    loss, metrics = policy_loss(x, old, adv, mask, loss_mode="probe", entropies=ent, old_entropies=old_ent)
+    loss.backward()
+    m = mask.bool()
+    r = torch.exp(lp - old)
+    a = adv[:, None].expand_as(r)
+    w = ent.detach() - old_ent
+    assert loss.item() == pytest.approx((-r * a * w)[m].sum().item() / m.sum().item(), rel=1e-12)
+    torch.testing.assert_close(x.grad, torch.where(m, -r * a * w / m.sum(), 0.0), rtol=1e-12, atol=1e-15)
+    assert ent.grad is None  # entropies are used as constants
+    junk, _ = policy_loss(lp, old, adv, mask, loss_mode="probe", entropies=ent_junk, old_entropies=old_ent)
+    assert junk.item() == loss.item()
+    assert metrics["clip_frac"].item() == 0.0
+    with pytest.raises(ValueError, match=r"loss_mode='probe' needs entropies \(B, T\); got None"):
+        policy_loss(lp, old, adv, mask, loss_mode="probe", old_entropies=old_ent)
+    with pytest.raises(ValueError, match=r"loss_mode='probe' needs old_entropies"):
+        policy_loss(lp, old, adv, mask, loss_mode="probe", entropies=ent)
+    with pytest.raises(ValueError, match=r"entropies must have the shape of log_prob \(B, T\) = \(4, 6\)"):
+        policy_loss(lp, old, adv, mask, loss_mode="probe", entropies=ent[:, :5], old_entropies=old_ent)
+    with pytest.raises(ValueError, match="beta1 is only used by loss_mode 'gppo'"):
+        LossSettings(loss_mode="probe", beta1=0.5)
+    # modes that do not read them accept (and ignore) entropies
+    plain, _ = policy_loss(lp, old, adv, mask, entropies=ent_junk)
+    assert torch.equal(plain, policy_loss(lp, old, adv, mask)[0])

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 
 import pytest
 import torch
+import yaml
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from klear.rl.losses import policy_loss, sft_loss
+from klear.rl.losses import LOSS_REGISTRY, LossMode, LossSettings, policy_loss, sft_loss
 from klear.rl.trainer import GPPOConfig, GPPOTrainer, truncated_mask
 
 
@@ -142,16 +145,19 @@ def test_sft_loss_zero_when_nothing_correct(tmp_path, tiny_model):
         assert h["klear/num_loss_tokens"] > 0
 
 
-@pytest.mark.parametrize("loss_mode", ["gppo", "ppo_clip", "cispo"])
-def test_accumulated_gradient_equals_one_batch_gradient(tmp_path, tiny_model, loss_mode):
-    """Token-mean over an optimizer step split into 2 micro-batches (plus the SFT term) must give the same
-    gradient as one loss over the whole step, computed here independently from the stored micro-batches."""
+@pytest.mark.parametrize("loss_mode, loss_agg_mode", [("gppo", "token-mean"), ("ppo_clip", "token-mean"),
+                                                     ("cispo", "token-mean"), ("gppo", "seq-mean-token-mean"),
+                                                     ("cispo", "seq-mean-token-sum")])
+def test_accumulated_gradient_equals_one_batch_gradient(tmp_path, tiny_model, loss_mode, loss_agg_mode):
+    """Token-mean (or seq-mean) over an optimizer step split into 2 micro-batches (plus the SFT term) must give the
+    same gradient as one loss over the whole step, computed here independently from the stored micro-batches."""
     model, tok = tiny_model
     model = model.double()  # float64: the two computations may differ only by rounding
     table = {"p0": [1.0, -1.0, -1.0, -1.0], "p1": [1.0, 1.0, -1.0, 1.0], "p2": [0.5, 0.0, 1.0, 0.25],
              "p3": [1.0]}
     rec = _GradRecorder()
-    args = _config(tmp_path, max_steps=1, alpha=0.3, loss_mode=loss_mode, steps_per_generation=2)
+    args = _config(tmp_path, max_steps=1, alpha=0.3, loss_mode=loss_mode, loss_agg_mode=loss_agg_mode,
+                   steps_per_generation=2)
     trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(table), args=args,
                           train_dataset=_dataset(4), processing_class=tok, callbacks=[rec])
     # generation batch = 4 x 2 = 8 rollouts = 2 prompts x 4 -> one optimizer window of 2 micro-batches.
@@ -182,7 +188,7 @@ def test_accumulated_gradient_equals_one_batch_gradient(tmp_path, tiny_model, lo
     mask = cat["completion_mask"].float() * cat["klear_keep"].float().unsqueeze(1)
     old = torch.cat([pad(b["old_per_token_logps"]) for b in window]) if "old_per_token_logps" in window[0] \
         else log_prob.detach()
-    pg, _ = policy_loss(log_prob, old, cat["advantages"], mask, loss_mode=loss_mode)
+    pg, _ = policy_loss(log_prob, old, cat["advantages"], mask, loss_mode=loss_mode, loss_agg_mode=loss_agg_mode)
     lm = sft_loss(log_prob, mask, cat["klear_is_correct"])
     (pg + 0.3 * lm).backward()
     assert sum(counts) > 0
@@ -223,6 +229,7 @@ def test_first_update_ratio_is_one_off_policy(tmp_path, tiny_model):
     assert logs[0]["klear/ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert logs[0]["klear/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
     assert abs(logs[1]["klear/ratio_max"] - 1.0) > 1e-4
+    assert not any("klear_old_entropies" in mb for mb in trainer._buffered_inputs)  # gppo does not read them
 
 
 def test_truncated_mask_uses_finish_reason():
@@ -283,3 +290,115 @@ def test_drop_filtered_samples_keeps_order_and_trims():
     out = drop_filtered_samples([mb([0, 1], [1, 1], [False, False]), mb([2, 3], [1, 1], [False, True])])
     assert [len(b["advantages"]) for b in out] == [1, 1]
     assert sorted(torch.cat([b["klear_keep"] for b in out]).tolist()) == [False, True]
+
+
+# ------------------------------------------------------------------ loss settings are checked by the loss's own validator
+# Settings policy_loss rejects; GPPOConfig used to accept all but the first three (issue 11).
+_BAD_LOSS_SETTINGS = [
+    {"loss_mode": "grpo"},
+    {"loss_agg_mode": "sum"},
+    {"clip_ratio_c": 1.0},
+    {"clip_ratio_low": 1.0},
+    {"clip_ratio_low": 1.5},
+    {"clip_ratio_low": math.nan},
+    {"clip_ratio_high": math.inf},
+    {"clip_ratio_c": math.nan},
+    {"beta1": -0.5},
+    {"beta2": math.nan},
+    {"loss_mode": "ppo_clip", "beta1": 0.5},
+    {"loss_mode": "gppo_only_high", "beta1": 0.25},
+    {"loss_mode": "cispo", "beta2": 0.5},
+]
+
+
+@pytest.mark.parametrize("settings", _BAD_LOSS_SETTINGS, ids=[str(s) for s in _BAD_LOSS_SETTINGS])
+def test_config_rejects_every_setting_policy_loss_rejects(tmp_path, settings):
+    lp = torch.zeros(2, 3)
+    with pytest.raises(ValueError) as from_loss:
+        policy_loss(lp, lp, torch.ones(2), torch.ones(2, 3), **settings)
+    with pytest.raises(ValueError) as from_config:
+        _config(tmp_path, **settings)
+    assert str(from_config.value) == str(from_loss.value)
+
+
+@pytest.mark.parametrize("alpha", [-0.1, math.nan])
+def test_config_rejects_bad_alpha(tmp_path, alpha):
+    with pytest.raises(ValueError, match="alpha must be"):
+        _config(tmp_path, alpha=alpha)
+
+
+def test_config_forwards_every_loss_setting(tmp_path):
+    values = {"loss_mode": "gppo", "clip_ratio_low": 0.1, "clip_ratio_high": 0.4, "clip_ratio_c": 3.0, "beta1": 0.5,
+              "beta2": 0.7, "loss_agg_mode": "seq-mean-token-sum", "alpha": 0.2}
+    assert set(values) == {f.name for f in dataclasses.fields(LossSettings)}  # a new setting: add it here
+    assert set(values) <= {f.name for f in dataclasses.fields(GPPOConfig)}
+    assert _config(tmp_path, **values).loss_settings() == LossSettings(**values)
+    cfg = _config(tmp_path)  # the paper's values are GPPOConfig's defaults
+    assert cfg.loss_settings() == LossSettings(loss_mode="gppo", clip_ratio_low=0.2, clip_ratio_high=0.28,
+                                               clip_ratio_c=10.0, alpha=0.1)
+
+
+@pytest.mark.parametrize("bad, message", [("clip_ratio_low: 1.0", "clip_ratio_low must be < 1.0, got 1.0"),
+                                          ("{loss_mode: ppo_clip, beta1: 0.5}", "beta1 is only used by loss_mode")])
+def test_klear_rl_refuses_a_bad_loss_setting_before_any_model_loads(tmp_path, monkeypatch, capsys, bad, message):
+    import transformers
+
+    from klear.cli import main
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model or tokenizer was loaded")
+
+    for cls in (transformers.AutoConfig, transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
+        monkeypatch.setattr(cls, "from_pretrained", no_model)
+    (tmp_path / "model").mkdir()
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "math_test", '
+                     '"reward_model": {"ground_truth": "2"}}\n')
+    trainer = {"num_generations": 2, "per_device_train_batch_size": 2, "max_steps": 1, "report_to": [],
+               "save_strategy": "no"}
+    recipe = {"model": str(tmp_path / "model"), "output_dir": str(tmp_path / "run"),
+              "data": {"train": str(train), "heldout": "none"}, "trainer": trainer}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    overrides = [f"trainer.{k}={v}" for k, v in yaml.safe_load("{" + bad.strip("{}") + "}").items()]
+    assert main(["rl", "--config", str(path), *overrides]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("klear rl: error:")]
+    assert len(err) == 1 and f"trainer: {message}" in err[0], err
+    assert not (tmp_path / "run").exists()
+    # Control: with good settings the same recipe gets as far as loading the model.
+    with pytest.raises(AssertionError, match="a model or tokenizer was loaded"):
+        main(["rl", "--config", str(path)])
+
+
+# ------------------------------------------------------------------ entropy slots of the loss registry
+@pytest.mark.parametrize("steps_per_generation", [4, 2], ids=["off_policy", "on_policy"])
+def test_a_mode_that_needs_entropies_gets_current_and_old_ones(tmp_path, tiny_model, monkeypatch,
+                                                               steps_per_generation):
+    """A loss mode registered with needs_entropies / needs_old_entropies receives (B, T) entropies of the current
+    and of the rollout policy; on the first step after a rollout both policies are the same model."""
+    model, tok = tiny_model
+    seen = []
+
+    def probe(t, s):  # ppo_clip's loss, recording what the trainer passed in
+        seen.append((t.mask, t.entropies, t.old_entropies))
+        return LOSS_REGISTRY["ppo_clip"].token_loss(t, s)
+
+    monkeypatch.setitem(LOSS_REGISTRY, "probe", LossMode("probe", probe, needs_entropies=True,
+                                                         needs_old_entropies=True))
+    table = {f"p{i}": [1.0, -1.0, 0.0, 1.0] for i in range(4)}
+    args = _config(tmp_path, loss_mode="probe", max_steps=2, learning_rate=5e-3,
+                   steps_per_generation=steps_per_generation)
+    trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(table), args=args, train_dataset=_dataset(4),
+                          processing_class=tok)
+    trainer.train()
+    assert len(seen) == 4  # 2 optimizer steps x 2 micro-batches
+    for i, (mask, ent, old_ent) in enumerate(seen):
+        assert ent.shape == old_ent.shape == mask.shape and mask.any()
+        assert torch.all(torch.isfinite(ent[mask])) and torch.all(ent[mask] >= 0)
+        assert not ent.requires_grad and not old_ent.requires_grad
+        diff = (ent - old_ent)[mask].abs().max().item()
+        if i < 2 or steps_per_generation == 2:  # first step of a rollout batch (on-policy: every step)
+            assert diff < 1e-5, (i, diff)
+        else:  # the model was updated since the rollout
+            assert diff > 1e-6, (i, diff)
+    assert all(("klear_old_entropies" in mb) == (steps_per_generation == 4) for mb in trainer._buffered_inputs)

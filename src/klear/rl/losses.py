@@ -1,8 +1,8 @@
-"""Policy-gradient and SFT losses of the Klear-Reasoner RL stage (pure torch).
+"""Policy-gradient and SFT losses of the Klear-Reasoner RL stage (pure torch), as a registry of loss modes.
 
 Source: Su et al., "Klear-Reasoner: Advancing Reasoning Capability via
-Gradient-Preserving Clipping Policy Optimization" (arXiv 2508.07629); restated in
-``shared/spec/klear-reasoner.md`` sections 3.1-3.7. Equation numbers are the paper's.
+Gradient-Preserving Clipping Policy Optimization" (arXiv 2508.07629). Equation and
+section numbers are the paper's.
 
 Every loss here is *minimised*: loss = -objective.  Notation per token:
 ``r = exp(log_prob - old_log_prob)`` (the importance ratio, delta in the paper),
@@ -36,6 +36,30 @@ A < 0 and r > c (dual-clip cap taken)  0         0            0               0
 * ``cispo``: MiniMax-M1's CISPO (Appendix A.1, Eq. 15, 16), per-token loss
   ``-sg(clip(r, lo, hi)) * A * log_prob``.
 
+The RL objective is ``L = L_pg + alpha * L_LM`` (Eq. 14) with ``L_LM`` the SFT loss on
+the correct rollouts (Eq. 13, Sec. 3.2.3): :func:`total_loss`.
+
+Registry
+--------
+``LOSS_REGISTRY`` maps each ``loss_mode`` name to a :class:`LossMode`: a small function
+``token_loss(terms: TokenTerms, settings: LossSettings) -> TokenLoss`` (the per-token loss
+and which tokens it clipped) plus what the mode needs: the mode-specific settings it reads
+(``beta1``/``beta2``; any other mode must leave them at 1.0) and whether it needs the
+per-token entropies of the current (``needs_entropies``) or rollout (``needs_old_entropies``)
+policy, which the trainer then computes and passes in :class:`LossInputs`.  Everything
+shared by the modes happens once, in :func:`compute_policy_loss`: input validation, the
+masked log-ratio and ratio (:class:`TokenTerms`), the dual-clip cap, the aggregation
+(:func:`aggregate`) and the metrics.  :class:`LossSettings` validates every setting on
+construction; ``GPPOConfig`` builds one when it is created, so a bad setting fails before
+any model loads.
+
+Adding a loss mode: write its ``token_loss`` function here and add its :class:`LossMode`
+to ``_BUILTIN_MODES``; add its column to ``F_TABLE`` / ``MODE_CONFIGS`` in
+``tests/test_losses.py`` (the gradient-table test then checks it) and its own tests there.
+A mode with settings of its own also needs the field in :class:`LossSettings` (with its
+check, and its neutral value in ``_MODE_SETTING_NEUTRAL``) and a field of the same name in
+``klear.rl.trainer.GPPOConfig`` (forwarded by name, checked by a test).
+
 Implementation notes
 --------------------
 * The clipped GPPO terms are written in the paper as ``hi / sg(r) * r`` (value
@@ -44,8 +68,9 @@ Implementation notes
   added term is exactly 0.0 in the forward pass (so the loss value is *bit-equal*
   to ``ppo_clip``) and its derivative w.r.t. ``log_prob`` is exactly 1, giving
   ``F = beta * hi`` without the rounding of ``r / r``.
-* Dual clip (spec 3.2): for ``A < 0`` the PPO loss ``L = -min(rA, clip(r)A)`` is
-  capped at ``-A * c``; the cap is taken exactly when ``r > c`` (because
+* Dual clip (not in the paper; dual-clip PPO of Ye et al., 2020, as in verl; the
+  authors' scripts use ``c = 10``): for ``A < 0`` the PPO loss ``L = -min(rA, clip(r)A)``
+  is capped at ``-A * c``; the cap is taken exactly when ``r > c`` (because
   ``c > 1 > lo``).  Capped tokens contribute the *constant* ``-A * c`` and have zero
   gradient in every mode.  **CISPO + dual clip:** the same rule is applied -- a token
   with ``A < 0`` and ``r > c`` contributes the constant ``-A * c`` instead of
@@ -69,30 +94,42 @@ Implementation notes
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from numbers import Real
-from typing import Dict, Optional, Tuple, Union
+from typing import Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
 __all__ = [
     "LOSS_MODES",
     "LOSS_AGG_MODES",
+    "LOSS_REGISTRY",
     "LOG_RATIO_CLAMP",
+    "METRIC_REDUCTIONS",
+    "LossInputs",
+    "LossMode",
+    "LossSettings",
+    "TokenLoss",
+    "TokenTerms",
+    "aggregate",
+    "compute_policy_loss",
     "policy_loss",
     "sft_loss",
+    "total_loss",
 ]
 
-#: Valid values of ``policy_loss(loss_mode=...)``.
-LOSS_MODES: Tuple[str, ...] = ("ppo_clip", "gppo", "gppo_only_high", "cispo")
-#: Valid values of ``policy_loss(loss_agg_mode=...)``.
+#: Valid values of ``loss_agg_mode``.
 LOSS_AGG_MODES: Tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 #: The log-ratio is clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp``.
 LOG_RATIO_CLAMP: float = 20.0
+#: How a metric of :func:`compute_policy_loss` combines over processes / micro-batches
+#: (``"max"`` or ``"min"``); every metric not listed is averaged.
+METRIC_REDUCTIONS: Dict[str, str] = {"ratio_max": "max", "ratio_min": "min"}
 
 Count = Union[int, float, torch.Tensor]
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- validation helpers
 
 
 def _check_float_tensor(name: str, t: object) -> torch.Tensor:
@@ -137,7 +174,7 @@ def _as_bool_mask(name: str, mask: object, shape: Tuple[int, ...], shape_desc: s
 
 def _resolve_count(name: str, value: Optional[Count], local_count: torch.Tensor,
                    what: str) -> Optional[float]:
-    """Validate an explicit divisor (``num_tokens``) against this batch's own count.
+    """Validate an explicit divisor (``num_tokens``, ``num_seqs``) against this batch's own count.
 
     Returns the divisor as a python float (1.0 when it is 0 and there is nothing to
     divide), or None when ``value`` is None.  Forces one host sync (``.item()``).
@@ -161,7 +198,7 @@ def _resolve_count(name: str, value: Optional[Count], local_count: torch.Tensor,
         raise ValueError(f"{name} must be > 0 when the batch has {what} (this batch has {local})")
     # No lower bound against `local`: under data parallelism the divisor is the whole step's
     # count divided by the number of workers (their gradients are averaged), which can be below
-    # the count of a worker that holds more tokens than average.
+    # the count of a worker that holds more than average.
     return v if v > 0 else 1.0
 
 
@@ -169,7 +206,400 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-# --------------------------------------------------------------------------- policy loss
+# --------------------------------------------------------------------------- data types
+
+
+class TokenTerms(NamedTuple):
+    """Per-token quantities shared by every loss mode, built once by :func:`compute_policy_loss`.
+
+    All tensors are ``(B, T)`` in the input dtype ``promote(log_prob.dtype, old_log_prob.dtype)``.
+
+    Attributes:
+        mask: bool, the tokens that count.
+        log_prob: log pi_theta (with grad); masked positions keep whatever the caller put there.
+        adv: advantages broadcast to ``(B, T)``, 0 at masked positions.
+        log_ratio: ``log_prob - old_log_prob``, 0 at masked positions, not clamped (with grad).
+        ratio: ``exp(clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))`` (with grad).
+        lo: ``1 - clip_ratio_low`` (float).
+        hi: ``1 + clip_ratio_high`` (float).
+        entropies: detached per-token entropies (nats) of the current policy, or None.
+        old_entropies: detached per-token entropies (nats) of the rollout policy, or None.
+    """
+
+    mask: torch.Tensor
+    log_prob: torch.Tensor
+    adv: torch.Tensor
+    log_ratio: torch.Tensor
+    ratio: torch.Tensor
+    lo: float
+    hi: float
+    entropies: Optional[torch.Tensor]
+    old_entropies: Optional[torch.Tensor]
+
+
+class TokenLoss(NamedTuple):
+    """What a mode's ``token_loss`` returns; every tensor is ``(B, T)``.
+
+    Attributes:
+        per_token: the per-token loss (before the dual-clip cap, masking and aggregation).
+        clipped_high: bool, tokens clipped from above (counted in ``clip_frac_high``).
+        clipped_low: bool, tokens clipped from below (counted in ``clip_frac_low``).
+    """
+
+    per_token: torch.Tensor
+    clipped_high: torch.Tensor
+    clipped_low: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LossMode:
+    """One entry of ``LOSS_REGISTRY``.
+
+    Attributes:
+        name: the ``loss_mode`` value.
+        token_loss: ``(TokenTerms, LossSettings) -> TokenLoss``, pure tensor math.
+        settings: the mode-specific settings the mode reads (names of ``LossSettings`` fields in
+            ``_MODE_SETTING_NEUTRAL``); every other mode-specific setting must keep its neutral value.
+        needs_entropies: the mode reads ``TokenTerms.entropies`` (current policy).
+        needs_old_entropies: the mode reads ``TokenTerms.old_entropies`` (rollout policy).
+    """
+
+    name: str
+    token_loss: Callable[[TokenTerms, "LossSettings"], TokenLoss]
+    settings: Tuple[str, ...] = ()
+    needs_entropies: bool = False
+    needs_old_entropies: bool = False
+
+
+#: Mode-specific settings and their neutral value (the value every mode that does not read them must keep).
+_MODE_SETTING_NEUTRAL: Dict[str, float] = {"beta1": 1.0, "beta2": 1.0}
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The validated loss settings; constructing one IS the validation (``GPPOConfig`` builds one too).
+
+    Attributes:
+        loss_mode: a key of ``LOSS_REGISTRY`` (see :func:`policy_loss`).
+        clip_ratio_low: eps_low (Eq. 5), ``0 <= eps_low < 1``.
+        clip_ratio_high: eps_high (Eq. 5, 6), ``>= 0``.
+        clip_ratio_c: dual-clip bound ``c > 1``, or None (off).
+        beta1: low-side clipped gradient scale of ``gppo`` (Eq. 17), ``>= 0``; 1.0 for other modes.
+        beta2: high-side clipped gradient scale of ``gppo`` / ``gppo_only_high`` (Eq. 17), ``>= 0``;
+            1.0 for other modes.
+        loss_agg_mode: one of ``LOSS_AGG_MODES``.
+        alpha: weight of the SFT term in :func:`total_loss` (Eq. 14), ``>= 0``; the paper uses 0.1.
+
+    Numbers are stored as python floats.
+
+    Raises:
+        ValueError: unknown ``loss_mode`` / ``loss_agg_mode`` (lists the valid ones); a value
+            out of range or not finite (names the field, the bound and the value); a
+            mode-specific setting (``beta1``, ``beta2``) away from 1.0 for a mode that does
+            not use it (names the modes that do).
+        TypeError: a number field is not a real number (or is a bool).
+    """
+
+    loss_mode: str = "gppo"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: Optional[float] = None
+    beta1: float = 1.0
+    beta2: float = 1.0
+    loss_agg_mode: str = "token-mean"
+    alpha: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.loss_mode, str) or self.loss_mode not in LOSS_REGISTRY:
+            raise ValueError(f"unknown loss_mode {self.loss_mode!r}; valid modes: {', '.join(LOSS_REGISTRY)}")
+        if not isinstance(self.loss_agg_mode, str) or self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"unknown loss_agg_mode {self.loss_agg_mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}"
+            )
+        checked = {
+            "clip_ratio_low": _check_scalar("clip_ratio_low", self.clip_ratio_low, min_value=0.0, max_value=1.0),
+            "clip_ratio_high": _check_scalar("clip_ratio_high", self.clip_ratio_high, min_value=0.0),
+            "beta1": _check_scalar("beta1", self.beta1, min_value=0.0),
+            "beta2": _check_scalar("beta2", self.beta2, min_value=0.0),
+            "alpha": _check_scalar("alpha", self.alpha, min_value=0.0),
+        }
+        if self.clip_ratio_c is not None:
+            checked["clip_ratio_c"] = _check_scalar("clip_ratio_c", self.clip_ratio_c, min_value=1.0,
+                                                    min_inclusive=False)
+        mode = LOSS_REGISTRY[self.loss_mode]
+        for name, neutral in _MODE_SETTING_NEUTRAL.items():
+            if checked[name] != neutral and name not in mode.settings:
+                users = ", ".join(repr(m.name) for m in LOSS_REGISTRY.values() if name in m.settings)
+                raise ValueError(f"{name} is only used by loss_mode {users}; got {name}={checked[name]} "
+                                 f"with loss_mode={self.loss_mode!r}")
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def mode(self) -> LossMode:
+        """The registry entry of ``loss_mode``."""
+        return LOSS_REGISTRY[self.loss_mode]
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """The tensors and counts of one (micro-)batch, input of :func:`compute_policy_loss` / :func:`total_loss`.
+
+    Attributes:
+        log_prob: ``(B, T)`` float, log pi_theta of each response token (requires grad).
+        old_log_prob: ``(B, T)`` float, log pi_old of the rollout policy (no grad needed).
+        advantages: ``(B,)`` (one per response, broadcast over its tokens, Eq. 4) or ``(B, T)`` float.
+        response_mask: ``(B, T)`` bool / int / float with values 0 or 1; 1 marks tokens that count.
+            Values at masked positions of the other tensors are ignored (they may be ``inf`` or ``nan``).
+        entropies: ``(B, T)`` float per-token entropies (nats) of the current policy, or None; required by
+            modes with ``needs_entropies``.  Used as constants (detached).
+        old_entropies: ``(B, T)`` float per-token entropies of the rollout policy, or None; required by
+            modes with ``needs_old_entropies``.  Used as constants.
+        is_correct: ``(B,)`` bool (or 0/1), which responses are correct (the set Phi of Eq. 13); required by
+            :func:`total_loss` when ``alpha != 0``.
+        num_tokens: the unmasked token count of the whole optimizer step (all micro-batches; divided
+            by the number of workers, whose gradients are averaged), or None for this batch's own
+            count.  Used by ``token-mean``; int, float or 1-element tensor.
+        num_seqs: the same for the number of responses with at least one unmasked token; used by the
+            seq-mean modes.
+        num_sft_tokens: the same for the unmasked tokens of correct responses; used by the SFT term.
+
+    Each aggregation uses the count it needs and ignores the others, so a caller may pass all three.
+    """
+
+    log_prob: torch.Tensor
+    old_log_prob: torch.Tensor
+    advantages: torch.Tensor
+    response_mask: torch.Tensor
+    entropies: Optional[torch.Tensor] = None
+    old_entropies: Optional[torch.Tensor] = None
+    is_correct: Optional[torch.Tensor] = None
+    num_tokens: Optional[Count] = None
+    num_seqs: Optional[Count] = None
+    num_sft_tokens: Optional[Count] = None
+
+
+# --------------------------------------------------------------------------- the loss modes
+
+
+def _clipped_surrogate(t: TokenTerms, high_grad: Optional[float] = None,
+                       low_grad: Optional[float] = None) -> TokenLoss:
+    """PPO's clipped surrogate ``-min(r*A, clip(r, lo, hi)*A)`` (Eq. 1, 5), optionally gradient-preserving.
+
+    ``high_grad`` / ``low_grad``: ``F`` of the high-side (``r > hi``, ``A > 0``) / low-side (``r < lo``,
+    ``A < 0``) clipped tokens (Eq. 12, 18); None keeps PPO's zero gradient there (Eq. 10).  The value is
+    the same either way.
+    """
+    ratio_d = t.ratio.detach()
+    clipped_high = t.mask & (t.adv > 0) & (ratio_d > t.hi)
+    clipped_low = t.mask & (t.adv < 0) & (ratio_d < t.lo)
+    per_tok = -t.ratio * t.adv  # unclipped branch (Eq. 1)
+    high_val = -t.hi * t.adv  # clipped branch value, constant (PPO: zero gradient)
+    low_val = -t.lo * t.adv
+    # Value exactly 0, derivative exactly 1 w.r.t. log_prob; stands in for the paper's r / sg(r) factor of
+    # Eq. 11 / 17.
+    grad_only = t.log_ratio - t.log_ratio.detach()
+    if high_grad is not None:
+        high_val = high_val - high_grad * t.adv * grad_only
+    if low_grad is not None:
+        low_val = low_val - low_grad * t.adv * grad_only
+    per_tok = torch.where(clipped_high, high_val, per_tok)
+    per_tok = torch.where(clipped_low, low_val, per_tok)
+    return TokenLoss(per_tok, clipped_high, clipped_low)
+
+
+def _ppo_clip(t: TokenTerms, s: LossSettings) -> TokenLoss:
+    """PPO / Clip-Higher (Eq. 1, 5, 6); clipped tokens have zero gradient (Eq. 10)."""
+    return _clipped_surrogate(t)
+
+
+def _gppo(t: TokenTerms, s: LossSettings) -> TokenLoss:
+    """GPPO (Eq. 11, 12; general form Eq. 17, 18): ``F = beta1*lo`` / ``beta2*hi`` on clipped tokens."""
+    return _clipped_surrogate(t, high_grad=s.beta2 * t.hi, low_grad=s.beta1 * t.lo)
+
+
+def _gppo_only_high(t: TokenTerms, s: LossSettings) -> TokenLoss:
+    """GPPO on the high side (``F = beta2*hi``), PPO on the low side (``F = 0``) (Appendix A.2)."""
+    return _clipped_surrogate(t, high_grad=s.beta2 * t.hi)
+
+
+def _cispo(t: TokenTerms, s: LossSettings) -> TokenLoss:
+    """CISPO (Eq. 15, 16): ``-sg(clip(r, lo, hi)) * A * log_prob``, ``F = clip(r)`` whatever the sign of A."""
+    ratio_d = t.ratio.detach()
+    clipped_high = t.mask & (ratio_d > t.hi)
+    clipped_low = t.mask & (ratio_d < t.lo)
+    weight = ratio_d.clamp(t.lo, t.hi)
+    lp_safe = torch.where(t.mask, t.log_prob, 0.0)
+    return TokenLoss(-weight * t.adv * lp_safe, clipped_high, clipped_low)
+
+
+_BUILTIN_MODES: Tuple[LossMode, ...] = (
+    LossMode("ppo_clip", _ppo_clip),
+    LossMode("gppo", _gppo, settings=("beta1", "beta2")),
+    LossMode("gppo_only_high", _gppo_only_high, settings=("beta2",)),
+    LossMode("cispo", _cispo),
+)
+#: ``loss_mode`` name -> :class:`LossMode`.
+LOSS_REGISTRY: Dict[str, LossMode] = {m.name: m for m in _BUILTIN_MODES}
+#: The built-in values of ``loss_mode``.
+LOSS_MODES: Tuple[str, ...] = tuple(LOSS_REGISTRY)
+
+
+# --------------------------------------------------------------------------- shared machinery
+
+
+def _token_terms(inputs: LossInputs, settings: LossSettings) -> TokenTerms:
+    """Validate the tensors of ``inputs`` against what ``settings.mode`` needs and build its :class:`TokenTerms`."""
+    log_prob, old_log_prob, advantages = inputs.log_prob, inputs.old_log_prob, inputs.advantages
+    _check_float_tensor("log_prob", log_prob)
+    _check_float_tensor("old_log_prob", old_log_prob)
+    _check_float_tensor("advantages", advantages)
+    if log_prob.dim() != 2:
+        raise ValueError(f"log_prob must have shape (B, T), got {tuple(log_prob.shape)}")
+    shape = tuple(log_prob.shape)
+    if tuple(old_log_prob.shape) != shape:
+        raise ValueError(
+            f"old_log_prob must have the shape of log_prob (B, T) = {shape}, got {tuple(old_log_prob.shape)}"
+        )
+    if tuple(advantages.shape) not in (shape, shape[:1]):
+        raise ValueError(
+            f"advantages must have shape (B,) = {shape[:1]} or (B, T) = {shape}, got {tuple(advantages.shape)}"
+        )
+    mask = _as_bool_mask("response_mask", inputs.response_mask, shape, "(B, T)")
+    mode = settings.mode
+    entropy = {}
+    for name, needed in (("entropies", mode.needs_entropies), ("old_entropies", mode.needs_old_entropies)):
+        value = getattr(inputs, name)
+        if value is None:
+            if needed:
+                raise ValueError(f"loss_mode={mode.name!r} needs {name} (B, T); got None")
+            entropy[name] = None
+            continue
+        _check_float_tensor(name, value)
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{name} must have the shape of log_prob (B, T) = {shape}, got {tuple(value.shape)}")
+        entropy[name] = value.detach()
+
+    dtype = torch.promote_types(log_prob.dtype, old_log_prob.dtype)
+    lp = log_prob.to(dtype)
+    adv = advantages.to(dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1).expand(shape)
+    adv = torch.where(mask, adv, 0.0)
+    # Zero the log-ratio at masked positions BEFORE exp (NaN safety), clamp for exp.
+    log_ratio = torch.where(mask, lp - old_log_prob.to(dtype), 0.0)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return TokenTerms(mask=mask, log_prob=lp, adv=adv, log_ratio=log_ratio, ratio=ratio,
+                      lo=1.0 - settings.clip_ratio_low, hi=1.0 + settings.clip_ratio_high, **entropy)
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str, *,
+              num_tokens: Optional[Count] = None, num_seqs: Optional[Count] = None,
+              what: str = "unmasked tokens") -> torch.Tensor:
+    """Reduce per-token losses to one loss (Eq. 7 token-mean, Eq. 3 seq-mean-token-mean, seq-mean-token-sum).
+
+    Args:
+        per_token: ``(B, T)`` float, already 0 at masked positions, in the accumulation dtype.
+        mask: ``(B, T)`` bool.
+        loss_agg_mode: one of ``LOSS_AGG_MODES``.  In the seq-mean modes, responses with no unmasked
+            token are left out of the mean over responses.
+        num_tokens: token-mean divisor instead of ``mask.sum()`` (see :class:`LossInputs`).
+        num_seqs: seq-mean divisor instead of this batch's number of responses with unmasked tokens.
+        what: what ``num_tokens`` counts, for error messages.
+
+    Returns:
+        0-dim tensor of ``per_token``'s dtype; exactly 0 when nothing is unmasked.
+
+    Raises:
+        ValueError: a divisor that is negative, not finite, or 0 while there is something to divide.
+    """
+    if loss_agg_mode == "token-mean":
+        tok_count = mask.sum()
+        divisor = _resolve_count("num_tokens", num_tokens, tok_count, what)
+        if divisor is None:
+            return per_token.sum() / tok_count.clamp(min=1).to(per_token.dtype)
+        return per_token.sum() / divisor
+    seq_tok = mask.sum(dim=-1)
+    seq_loss = per_token.sum(dim=-1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq_loss = seq_loss / seq_tok.clamp(min=1).to(per_token.dtype)
+    has_tok = seq_tok > 0
+    total = torch.where(has_tok, seq_loss, 0.0).sum()
+    n_seqs = has_tok.sum()
+    divisor = _resolve_count("num_seqs", num_seqs, n_seqs, "responses with unmasked tokens")
+    if divisor is None:
+        return total / n_seqs.clamp(min=1).to(per_token.dtype)
+    return total / divisor
+
+
+def _policy_metrics(t: TokenTerms, clipped_high: torch.Tensor, clipped_low: torch.Tensor, dual: torch.Tensor,
+                    acc: torch.dtype) -> Dict[str, torch.Tensor]:
+    """Detached 0-dim metrics over the unmasked tokens (see :func:`policy_loss`); no host sync."""
+    with torch.no_grad():
+        mask = t.mask
+        tok_count = mask.sum()
+        denom = tok_count.clamp(min=1).to(acc)
+        has_any = tok_count > 0
+
+        def frac(m: torch.Tensor) -> torch.Tensor:
+            return m.sum().to(acc) / denom
+
+        r_acc = t.ratio.detach().to(acc)
+        one = torch.ones((), dtype=acc, device=r_acc.device)
+        if r_acc.numel() > 0:
+            r_max = torch.where(mask, r_acc, -math.inf).amax()
+            r_min = torch.where(mask, r_acc, math.inf).amin()
+        else:
+            r_max = r_min = one
+        f_high, f_low = frac(clipped_high), frac(clipped_low)
+        return {
+            "clip_frac_high": f_high,
+            "clip_frac_low": f_low,
+            "clip_frac": f_high + f_low,
+            "dual_clip_frac": frac(dual),
+            "ppo_kl": torch.where(mask, -t.log_ratio.detach(), 0.0).to(acc).sum() / denom,
+            "ratio_mean": torch.where(has_any, torch.where(mask, r_acc, 0.0).sum() / denom, one),
+            "ratio_max": torch.where(has_any, r_max, one),
+            "ratio_min": torch.where(has_any, r_min, one),
+        }
+
+
+def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """The policy loss of ``settings.loss_mode`` on one batch: its ``token_loss``, the dual-clip cap,
+    masking, aggregation and metrics.  Values, gradients, metrics and errors are those of :func:`policy_loss`
+    (which documents them); the counts used are ``inputs.num_tokens`` (token-mean) or ``inputs.num_seqs``
+    (seq-mean modes).
+
+    Args:
+        inputs: the batch (see :class:`LossInputs`).
+        settings: validated settings.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`policy_loss`.
+
+    Raises:
+        TypeError / ValueError: as :func:`policy_loss`; ValueError also when the mode needs
+            ``entropies`` / ``old_entropies`` and they are None or misshapen.
+    """
+    t = _token_terms(inputs, settings)
+    acc = _acc_dtype(t.log_prob.dtype)
+    out = settings.mode.token_loss(t, settings)
+    per_tok = out.per_token
+    c = settings.clip_ratio_c
+    if c is not None:
+        dual = t.mask & (t.adv < 0) & (t.ratio.detach() > c)
+        per_tok = torch.where(dual, -c * t.adv, per_tok)  # dual-clip cap: constant
+    else:
+        dual = torch.zeros_like(t.mask)
+    per_tok = torch.where(t.mask, per_tok, 0.0).to(acc)
+    loss = aggregate(per_tok, t.mask, settings.loss_agg_mode, num_tokens=inputs.num_tokens,
+                     num_seqs=inputs.num_seqs)
+    # The categories unclipped / high / low / dual are disjoint: a dual-capped token is not counted as clipped.
+    metrics = _policy_metrics(t, t.mask & out.clipped_high & ~dual, t.mask & out.clipped_low & ~dual, dual, acc)
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------- public entry points
 
 
 def policy_loss(
@@ -186,8 +616,13 @@ def policy_loss(
     beta2: float = 1.0,
     loss_agg_mode: str = "token-mean",
     num_tokens: Optional[Count] = None,
+    num_seqs: Optional[Count] = None,
+    entropies: Optional[torch.Tensor] = None,
+    old_entropies: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Clipped policy-gradient loss (PPO / Clip-Higher / GPPO / CISPO), minimised.
+
+    Keyword form of :func:`compute_policy_loss`; the settings are checked by :class:`LossSettings`.
 
     Args:
         log_prob: ``(B, T)`` float, log pi_theta of each response token (requires grad).
@@ -197,7 +632,7 @@ def policy_loss(
         response_mask: ``(B, T)`` bool / int / float with values 0 or 1; 1 marks tokens
             that count.  Values at masked positions of the other tensors are ignored
             (they may be ``inf`` or ``nan``).
-        loss_mode: one of ``LOSS_MODES``:
+        loss_mode: a key of ``LOSS_REGISTRY``; built in (``LOSS_MODES``):
 
             * ``"ppo_clip"``: per-token loss ``-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)``
               (Eq. 1, 5; Clip-Higher Eq. 6 when ``clip_ratio_high > clip_ratio_low``);
@@ -239,6 +674,11 @@ def policy_loss(
             split into micro-batches (gradient accumulation) or across workers, so that the
             sum of the micro-batch losses equals the one-batch loss.  int, float or a
             1-element tensor; validating it forces one host sync.
+        num_seqs: seq-mean modes only.  The same for the mean over responses: the number of
+            responses with an unmasked token in the whole optimizer batch.
+        entropies: ``(B, T)`` per-token entropies of the current policy, for modes that need
+            them (none of the built-in ones); used as constants.
+        old_entropies: ``(B, T)`` per-token entropies of the rollout policy, likewise.
 
     Returns:
         ``(loss, metrics)``.  ``loss`` is a 0-dim tensor of dtype
@@ -260,6 +700,8 @@ def policy_loss(
         * ``ratio_mean``, ``ratio_max``, ``ratio_min``: of ``r`` (after the log-ratio
           clamp); 1.0 when there is no unmasked token.
 
+        ``METRIC_REDUCTIONS`` says how each combines over processes.
+
     Raises:
         TypeError: a tensor argument is not a tensor / not floating point; a scalar
             argument is not a number.
@@ -267,143 +709,21 @@ def policy_loss(
             ``loss_mode`` / ``loss_agg_mode`` (lists the valid ones); mask values other
             than 0/1; ``clip_ratio_c <= 1``; negative or non-finite eps (or
             ``clip_ratio_low >= 1``); negative beta, or beta != 1 for a mode that does not
-            use it; ``num_tokens`` given with a seq-mean mode, negative, 0 while the batch
-            has tokens.
+            use it; ``num_tokens`` given with a seq-mean mode or ``num_seqs`` with
+            token-mean; a count negative, or 0 while the batch has tokens; entropies a
+            mode needs are missing.
     """
-    # ---- argument validation
-    if loss_mode not in LOSS_MODES:
-        raise ValueError(f"unknown loss_mode {loss_mode!r}; valid modes: {', '.join(LOSS_MODES)}")
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(
-            f"unknown loss_agg_mode {loss_agg_mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}"
-        )
-    if num_tokens is not None and loss_agg_mode != "token-mean":
+    settings = LossSettings(loss_mode=loss_mode, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
+                            clip_ratio_c=clip_ratio_c, beta1=beta1, beta2=beta2, loss_agg_mode=loss_agg_mode)
+    if num_tokens is not None and settings.loss_agg_mode != "token-mean":
         raise ValueError(
             f"num_tokens only applies to loss_agg_mode='token-mean', got loss_agg_mode={loss_agg_mode!r}"
         )
-    eps_low = _check_scalar("clip_ratio_low", clip_ratio_low, min_value=0.0, max_value=1.0)
-    eps_high = _check_scalar("clip_ratio_high", clip_ratio_high, min_value=0.0)
-    c: Optional[float] = None
-    if clip_ratio_c is not None:
-        c = _check_scalar("clip_ratio_c", clip_ratio_c, min_value=1.0, min_inclusive=False)
-    b1 = _check_scalar("beta1", beta1, min_value=0.0)
-    b2 = _check_scalar("beta2", beta2, min_value=0.0)
-    if b1 != 1.0 and loss_mode != "gppo":
-        raise ValueError(f"beta1 is only used by loss_mode='gppo'; got beta1={b1} with {loss_mode!r}")
-    if b2 != 1.0 and loss_mode not in ("gppo", "gppo_only_high"):
-        raise ValueError(
-            f"beta2 is only used by loss_mode 'gppo' and 'gppo_only_high'; got beta2={b2} with {loss_mode!r}"
-        )
-
-    _check_float_tensor("log_prob", log_prob)
-    _check_float_tensor("old_log_prob", old_log_prob)
-    _check_float_tensor("advantages", advantages)
-    if log_prob.dim() != 2:
-        raise ValueError(f"log_prob must have shape (B, T), got {tuple(log_prob.shape)}")
-    shape = tuple(log_prob.shape)
-    if tuple(old_log_prob.shape) != shape:
-        raise ValueError(
-            f"old_log_prob must have the shape of log_prob (B, T) = {shape}, got {tuple(old_log_prob.shape)}"
-        )
-    if tuple(advantages.shape) not in (shape, shape[:1]):
-        raise ValueError(
-            f"advantages must have shape (B,) = {shape[:1]} or (B, T) = {shape}, got {tuple(advantages.shape)}"
-        )
-    mask = _as_bool_mask("response_mask", response_mask, shape, "(B, T)")
-
-    # ---- per-token quantities, in the input dtype
-    dtype = torch.promote_types(log_prob.dtype, old_log_prob.dtype)
-    acc = _acc_dtype(dtype)
-    lp = log_prob.to(dtype)
-    olp = old_log_prob.to(dtype)
-    adv = advantages.to(dtype)
-    if adv.dim() == 1:
-        adv = adv.unsqueeze(-1).expand(shape)
-    adv = torch.where(mask, adv, 0.0)
-
-    # Zero the log-ratio at masked positions BEFORE exp (NaN safety), clamp for exp.
-    log_ratio = torch.where(mask, lp - olp, 0.0)
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    ratio_d = ratio.detach()
-
-    lo, hi = 1.0 - eps_low, 1.0 + eps_high
-    pos, neg = adv > 0, adv < 0
-    if c is not None:
-        dual = mask & neg & (ratio_d > c)
-    else:
-        dual = torch.zeros_like(mask)
-
-    if loss_mode == "cispo":
-        clipped_high = mask & (ratio_d > hi) & ~dual
-        clipped_low = mask & (ratio_d < lo)
-        weight = ratio_d.clamp(lo, hi)
-        lp_safe = torch.where(mask, lp, 0.0)
-        per_tok = -weight * adv * lp_safe
-    else:
-        clipped_high = mask & pos & (ratio_d > hi)
-        clipped_low = mask & neg & (ratio_d < lo)
-        per_tok = -ratio * adv  # unclipped branch (Eq. 1)
-        high_val = -hi * adv  # clipped branch value, constant (PPO: zero gradient)
-        low_val = -lo * adv
-        # Value exactly 0, derivative exactly 1 w.r.t. log_prob; stands in for the
-        # paper's r / sg(r) factor of Eq. 11 / 17.
-        grad_only = log_ratio - log_ratio.detach()
-        if loss_mode in ("gppo", "gppo_only_high"):
-            high_val = high_val - (b2 * hi) * adv * grad_only
-        if loss_mode == "gppo":
-            low_val = low_val - (b1 * lo) * adv * grad_only
-        per_tok = torch.where(clipped_high, high_val, per_tok)
-        per_tok = torch.where(clipped_low, low_val, per_tok)
-    if c is not None:
-        per_tok = torch.where(dual, -c * adv, per_tok)  # dual-clip cap: constant
-    per_tok = torch.where(mask, per_tok, 0.0).to(acc)
-
-    # ---- aggregation (Eq. 7 / Eq. 3)
-    tok_count = mask.sum()
-    if loss_agg_mode == "token-mean":
-        divisor = _resolve_count("num_tokens", num_tokens, tok_count, "unmasked tokens")
-        if divisor is None:
-            loss = per_tok.sum() / tok_count.clamp(min=1).to(acc)
-        else:
-            loss = per_tok.sum() / divisor
-    else:
-        seq_tok = mask.sum(dim=-1)
-        seq_loss = per_tok.sum(dim=-1)
-        if loss_agg_mode == "seq-mean-token-mean":
-            seq_loss = seq_loss / seq_tok.clamp(min=1).to(acc)
-        has_tok = seq_tok > 0
-        loss = torch.where(has_tok, seq_loss, 0.0).sum() / has_tok.sum().clamp(min=1).to(acc)
-
-    # ---- metrics (detached 0-dim tensors, no host sync)
-    with torch.no_grad():
-        denom = tok_count.clamp(min=1).to(acc)
-        has_any = tok_count > 0
-
-        def frac(m: torch.Tensor) -> torch.Tensor:
-            return m.sum().to(acc) / denom
-
-        r_acc = ratio_d.to(acc)
-        one = torch.ones((), dtype=acc, device=r_acc.device)
-        if r_acc.numel() > 0:
-            r_max = torch.where(mask, r_acc, -math.inf).amax()
-            r_min = torch.where(mask, r_acc, math.inf).amin()
-        else:
-            r_max = r_min = one
-        f_high, f_low = frac(clipped_high), frac(clipped_low)
-        metrics = {
-            "clip_frac_high": f_high,
-            "clip_frac_low": f_low,
-            "clip_frac": f_high + f_low,
-            "dual_clip_frac": frac(dual),
-            "ppo_kl": torch.where(mask, -log_ratio.detach(), 0.0).to(acc).sum() / denom,
-            "ratio_mean": torch.where(has_any, torch.where(mask, r_acc, 0.0).sum() / denom, one),
-            "ratio_max": torch.where(has_any, r_max, one),
-            "ratio_min": torch.where(has_any, r_min, one),
-        }
-    return loss, metrics
-
-
-# --------------------------------------------------------------------------- SFT loss
+    if num_seqs is not None and settings.loss_agg_mode == "token-mean":
+        raise ValueError("num_seqs only applies to the seq-mean loss_agg_modes, got loss_agg_mode='token-mean'")
+    inputs = LossInputs(log_prob, old_log_prob, advantages, response_mask, entropies=entropies,
+                        old_entropies=old_entropies, num_tokens=num_tokens, num_seqs=num_seqs)
+    return compute_policy_loss(inputs, settings)
 
 
 def sft_loss(
@@ -416,8 +736,7 @@ def sft_loss(
 
     ``L_LM = sum over unmasked tokens of correct responses of -log_prob / N`` where N is
     the number of those tokens (the paper writes the probability but means the
-    log-probability).  The RL total is ``L = L_GPPO + alpha * L_LM`` with alpha = 0.1
-    (Eq. 14) -- combining is the caller's job.
+    log-probability).  :func:`total_loss` combines it with the policy loss (Eq. 14).
 
     Args:
         log_prob: ``(B, T)`` float, log pi_theta of each response token (requires grad).
@@ -448,11 +767,38 @@ def sft_loss(
     mask = _as_bool_mask("response_mask", response_mask, shape, "(B, T)")
     correct = _as_bool_mask("is_correct", is_correct, shape[:1], "(B,)")
     selected = mask & correct.unsqueeze(-1)
+    per_tok = torch.where(selected, -log_prob, 0.0).to(_acc_dtype(log_prob.dtype))
+    return aggregate(per_tok, selected, "token-mean", num_tokens=num_tokens, what="tokens of correct responses")
 
-    acc = _acc_dtype(log_prob.dtype)
-    total = torch.where(selected, -log_prob, 0.0).to(acc).sum()
-    count = selected.sum()
-    divisor = _resolve_count("num_tokens", num_tokens, count, "tokens of correct responses")
-    if divisor is None:
-        return total / count.clamp(min=1).to(acc)
-    return total / divisor
+
+def total_loss(inputs: LossInputs, settings: LossSettings) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """The RL stage's loss ``L = L_pg + alpha * L_LM`` (Eq. 14) on one (micro-)batch.
+
+    ``L_pg`` is :func:`compute_policy_loss` (divided by ``inputs.num_tokens`` or ``inputs.num_seqs``),
+    ``L_LM`` is :func:`sft_loss` on ``inputs.is_correct`` (divided by ``inputs.num_sft_tokens``); with
+    ``alpha == 0`` the SFT term is not computed and reported as 0.
+
+    Args:
+        inputs: the batch; ``is_correct`` is required when ``settings.alpha != 0``.
+        settings: validated settings.
+
+    Returns:
+        ``(loss, metrics)``: 0-dim loss of dtype ``promote(input dtype, float32)``; ``metrics`` are those of
+        :func:`policy_loss` plus ``policy_loss`` (``L_pg``) and ``sft_loss`` (``L_LM``), detached 0-dim.
+
+    Raises:
+        ValueError: ``is_correct`` missing while ``alpha != 0``; otherwise as :func:`compute_policy_loss`
+            and :func:`sft_loss`.
+    """
+    pg_loss, metrics = compute_policy_loss(inputs, settings)
+    if settings.alpha != 0.0:
+        if inputs.is_correct is None:
+            raise ValueError(f"alpha={settings.alpha} needs is_correct (B,) for the SFT term; got None")
+        lm_loss = sft_loss(inputs.log_prob, inputs.response_mask, inputs.is_correct, num_tokens=inputs.num_sft_tokens)
+        loss = pg_loss + settings.alpha * lm_loss
+    else:
+        lm_loss = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
+        loss = pg_loss
+    metrics["policy_loss"] = pg_loss.detach()
+    metrics["sft_loss"] = lm_loss.detach()
+    return loss, metrics

@@ -1,20 +1,25 @@
 """``GPPOTrainer``: Klear-Reasoner's RL stage as a thin subclass of TRL's ``GRPOTrainer``.
 
 TRL gives us rollout generation (transformers or vLLM), accelerate/DeepSpeed/FSDP, gradient
-accumulation, checkpointing and logging. This module re-routes four hooks (plus timers around
-``_generate``, ``_get_per_token_logps_and_entropies`` and ``training_step``, which change nothing):
+accumulation, checkpointing and logging. This module overrides these ``GRPOTrainer`` methods:
 
 * ``_calculate_rewards``: keeps the rollout's group ids (prompt ids) next to the rewards;
 * ``_generate_and_score_completions``: after TRL has generated and scored a rollout batch, we
   recompute the advantages with Eq. 4 keyed by PROMPT ID (:func:`klear.rl.advantages.
   compute_group_advantages`), mark zero-advantage groups, correct responses and truncated
   responses, and log the rollout metrics the paper plots (Sec. 5).
+* ``_get_per_token_logps_and_entropies``: during a training rollout, TRL's old-log-prob pass over the
+  whole rollout batch returns nothing; ``_prepare_inputs`` runs it later on the kept samples only.
 * ``_prepare_inputs``: after TRL has split one rollout batch into ``steps_per_generation``
-  micro-batches, we annotate each micro-batch with the exact loss-token counts of its optimizer
-  step's window (all micro-batches of that step, all processes).
+  micro-batches, we drop the filtered samples, annotate each micro-batch with the exact loss-token counts
+  of its optimizer step's window (all micro-batches of that step, all processes) and compute the old
+  log-probs (and, for a loss mode that needs them, the old entropies).
 * ``_compute_loss``: per-token log-probs come from TRL (temperature-scaled, the same function
-  that produced ``old_log_prob``), the loss from :func:`klear.rl.losses.policy_loss` and
-  :func:`klear.rl.losses.sft_loss` (Eq. 14: ``L = L_GPPO + alpha * L_LM``).
+  that produced ``old_log_prob``); the loss is :func:`klear.rl.losses.total_loss`
+  (Eq. 14: ``L = L_pg + alpha * L_LM``) of the configured loss mode.
+* ``_generate_single_turn``: on the transformers path, each prompt is prefilled once per group
+  (:func:`klear.rl.prefill.grouped_prefill_generate`); the samples are unchanged.
+* ``_generate`` and ``training_step``: timers only (``timing/<phase>_s``), which change nothing.
 
 All the math lives in ``klear.rl.losses`` and ``klear.rl.advantages``; this file only moves
 tensors and counts.
@@ -54,9 +59,10 @@ From the authors' released code (verl fork, ``Kwai-Klear/KlearReasoner``):
    when every micro-batch holds the same number of tokens. TRL's own ``dapo`` normaliser is the
    rollout batch's token count rescaled by ``gradient_accumulation_steps / steps_per_generation``,
    which is also only an estimate when ``steps_per_generation`` exceeds the accumulation.
-8. Dual-clip, GPPO and CISPO share one implementation (``klear.rl.losses``) rather than the
-   authors' per-mode code paths; the forward values and gradients match their equations
-   (tested against hand-computed float64 gradients).
+8. The loss modes are small functions in one registry (``klear.rl.losses.LOSS_REGISTRY``) sharing
+   the ratio, dual-clip, aggregation and metric code, rather than the authors' per-mode code paths;
+   the forward values and gradients match their equations (tested against hand-computed float64
+   gradients).
 
 Not supported (rejected with a ``ValueError`` rather than silently ignored): a KL term
 (``beta != 0``; Klear uses none), entropy bonus, TRL's entropy-quantile / off-policy masks,
@@ -72,7 +78,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -82,12 +88,10 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from klear.rewards.correctness import is_correct as correct_mask
 from klear.rl.advantages import all_equal_groups, compute_group_advantages
-from klear.rl.losses import policy_loss, sft_loss
+from klear.rl.losses import LOSS_AGG_MODES, LOSS_MODES, METRIC_REDUCTIONS, LossInputs, LossSettings, total_loss
 
 logger = logging.getLogger(__name__)
 
-LOSS_MODES = ("ppo_clip", "gppo", "gppo_only_high", "cispo")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 ZERO_ADV_CRITERIA = ("reward", "correctness")
 
 
@@ -100,17 +104,24 @@ class GPPOConfig(GRPOConfig):
     no KL (``beta=0``), temperature 1.0, top-p 1.0. ``clip_ratio_low``/``clip_ratio_high`` are
     copied into TRL's ``epsilon``/``epsilon_high`` so TRL-side code sees the same values.
 
+    The loss settings (every :class:`klear.rl.losses.LossSettings` field, forwarded by name) are checked by
+    ``LossSettings`` itself when the config is created, so a setting the loss would reject fails here, before
+    any model loads.
+
     Raises:
-        ValueError: unknown ``loss_mode``/``loss_agg_mode``/``zero_adv_criterion``, ``clip_ratio_c <= 1``,
-            or a TRL option this trainer does not support (see the module docstring).
+        ValueError: any loss setting ``LossSettings`` rejects (unknown ``loss_mode``/``loss_agg_mode``, an
+            out-of-range ``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``/``alpha``/``beta1``/
+            ``beta2``, a beta != 1 for a mode that does not use it), an unknown ``zero_adv_criterion``, or a
+            TRL option this trainer does not support (see the module docstring).
     """
 
     loss_mode: str = field(default="gppo", metadata={"help": f"Policy loss: one of {LOSS_MODES}."})
     clip_ratio_low: float = field(default=0.2, metadata={"help": "eps_low (Eq. 5)."})
     clip_ratio_high: float = field(default=0.28, metadata={"help": "eps_high (Clip-Higher, Eq. 6)."})
     clip_ratio_c: float | None = field(default=10.0, metadata={"help": "Dual-clip bound c (> 1) for A < 0; None: off."})
-    beta1: float = field(default=1.0, metadata={"help": "General GPPO low-side gradient scale (Eq. 17)."})
-    beta2: float = field(default=1.0, metadata={"help": "General GPPO high-side gradient scale (Eq. 17)."})
+    beta1: float = field(default=1.0, metadata={"help": "General GPPO low-side gradient scale (Eq. 17); gppo only."})
+    beta2: float = field(
+        default=1.0, metadata={"help": "General GPPO high-side gradient scale (Eq. 17); gppo, gppo_only_high."})
     loss_agg_mode: str = field(default="token-mean", metadata={"help": f"One of {LOSS_AGG_MODES}."})
     alpha: float = field(default=0.1, metadata={"help": "Weight of the SFT loss on correct rollouts (Eq. 14)."})
     correct_reward: float = field(default=1.0, metadata={"help": "A response is correct when its reward reaches this."})
@@ -126,20 +137,11 @@ class GPPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        if self.loss_mode not in LOSS_MODES:
-            raise ValueError(f"loss_mode={self.loss_mode!r} is unknown; expected one of {LOSS_MODES}")
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"loss_agg_mode={self.loss_agg_mode!r} is unknown; expected one of {LOSS_AGG_MODES}")
+        self.loss_settings()  # raises on any setting the loss would reject
         if self.zero_adv_criterion not in ZERO_ADV_CRITERIA:
             raise ValueError(
                 f"zero_adv_criterion={self.zero_adv_criterion!r} is unknown; expected one of {ZERO_ADV_CRITERIA}"
             )
-        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
-            raise ValueError(f"clip_ratio_c must be > 1 (or None to disable dual clip), got {self.clip_ratio_c}")
-        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0:
-            raise ValueError("clip_ratio_low and clip_ratio_high must be >= 0")
-        if self.alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
         unsupported = {
             "beta": (self.beta, 0.0, "Klear-Reasoner uses no KL term"),
             "top_p": (self.top_p, 1.0, "log-probs are recomputed over the full vocabulary"),
@@ -155,12 +157,13 @@ class GPPOConfig(GRPOConfig):
         for name, (value, expected, why) in unsupported.items():
             if value != expected:
                 raise ValueError(f"GPPOConfig.{name}={value!r} is not supported (expected {expected!r}): {why}.")
+        full_vocab = "rollouts must sample the full vocabulary"
         if self.top_k not in (None, 0, -1):
-            raise ValueError(f"GPPOConfig.top_k={self.top_k!r} is not supported: rollouts must sample the full vocabulary.")
+            raise ValueError(f"GPPOConfig.top_k={self.top_k!r} is not supported: {full_vocab}.")
         if self.min_p is not None:
-            raise ValueError(f"GPPOConfig.min_p={self.min_p!r} is not supported: rollouts must sample the full vocabulary.")
+            raise ValueError(f"GPPOConfig.min_p={self.min_p!r} is not supported: {full_vocab}.")
         if self.vllm_importance_sampling_correction:
-            # TRL's correction multiplies the per-token loss by a ratio our policy_loss has no slot for.
+            # TRL's correction multiplies the per-token loss by a ratio our losses have no slot for.
             raise ValueError("GPPOConfig.vllm_importance_sampling_correction=True is not supported.")
         self.epsilon = self.clip_ratio_low
         self.epsilon_high = self.clip_ratio_high
@@ -172,6 +175,10 @@ class GPPOConfig(GRPOConfig):
                 f"({self.gradient_accumulation_steps}): each optimizer step must draw all its micro-batches from one "
                 "rollout batch so its token-mean divisor is exact."
             )
+
+    def loss_settings(self) -> LossSettings:
+        """The validated loss settings of this config (raises ``ValueError`` as :class:`LossSettings`)."""
+        return LossSettings(**{f.name: getattr(self, f.name) for f in fields(LossSettings)})
 
     @property
     def optimizer_steps_per_generation(self) -> int:
@@ -298,9 +305,10 @@ class GPPOTrainer(GRPOTrainer):
     absent) and whatever the reward function needs (``data_source``, ``reward_model``).
 
     Metrics added to TRL's (prefix ``klear/``): ``accuracy``, ``zero_adv_group_frac``,
-    ``filtered_sample_frac``, ``truncated_frac``, ``policy_loss``, ``sft_loss``, ``clip_frac_high``,
-    ``clip_frac_low``, ``dual_clip_frac``, ``ppo_kl``, ``ratio_mean``, ``ratio_max``,
-    ``num_loss_tokens``, ``num_sft_tokens``; TRL logs ``reward``, ``entropy``, ``grad_norm``,
+    ``filtered_sample_frac``, ``truncated_frac``, ``num_loss_tokens``, ``num_sft_tokens``, and every metric of
+    :func:`klear.rl.losses.total_loss` (``policy_loss``, ``sft_loss``, ``clip_frac``, ``clip_frac_high``,
+    ``clip_frac_low``, ``dual_clip_frac``, ``ppo_kl``, ``ratio_mean``, ``ratio_max``, ``ratio_min``);
+    ``entropy`` (mean over completion tokens) is logged under TRL's name; TRL logs ``reward``, ``grad_norm``,
     ``completions/mean_length``, ``step_time``.
 
     Where the time goes, seconds per optimizer step (``timing/<phase>_s``; 0 for a phase the step did not
@@ -462,22 +470,28 @@ class GPPOTrainer(GRPOTrainer):
         return inputs
 
     def _old_log_probs(self, micro_batches: list[dict[str, Any]]) -> None:
-        """Set ``old_per_token_logps`` ``(B_i, T_i)`` of every micro-batch of a fresh rollout batch, before any update.
+        """Set ``old_per_token_logps`` ``(B_i, T_i)`` of every micro-batch of a fresh rollout batch, before any update
+        (and ``klear_old_entropies`` ``(B_i, T_i)`` when the loss mode ``needs_old_entropies``).
 
         TRL computes them for the WHOLE rollout batch inside ``_generate_and_score_completions``, filtered
         samples included; here the same log-prob function runs on each micro-batch after
         :func:`drop_filtered_samples`, i.e. on the kept samples only and on the exact tensors the loss forward
         will see, so the first optimizer step's ratio is 1 up to float32 rounding. As in TRL, nothing is
         computed when each rollout batch feeds exactly one optimizer step (on-policy: ``_compute_loss`` then
-        uses ``log_prob.detach()``).
+        uses ``log_prob.detach()`` and its entropies).
         """
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self.args.gradient_accumulation_steps % generate_every == 0:
             return
+        with_entropy = self.args.loss_settings().mode.needs_old_entropies
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             for mb in micro_batches:
                 if mb.get("old_per_token_logps") is None:
-                    mb["old_per_token_logps"] = self._timed("old_log_prob", self._policy_log_probs, self.model, mb)[0]
+                    log_prob, entropies = self._timed("old_log_prob", self._policy_log_probs, self.model, mb,
+                                                      compute_entropy=with_entropy)
+                    mb["old_per_token_logps"] = log_prob
+                    if with_entropy:
+                        mb["klear_old_entropies"] = entropies
 
     def _annotate_optimizer_windows(self, micro_batches: list[dict[str, Any]]) -> None:
         """Store in each micro-batch the exact token/sequence counts of its optimizer step.
@@ -529,54 +543,37 @@ class GPPOTrainer(GRPOTrainer):
         return log_prob, entropies
 
     def _compute_loss(self, model, inputs):
-        args: GPPOConfig = self.args
+        settings = self.args.loss_settings()
         mode = "train" if self.model.training else "eval"
-        completion_mask = inputs["completion_mask"]
-        log_prob, entropies = self._policy_log_probs(model, inputs, compute_entropy=True)
-        old_log_prob = inputs.get("old_per_token_logps")
-        if old_log_prob is None:  # on-policy step: TRL skips the recomputation, the ratio is exactly 1
-            old_log_prob = log_prob.detach()
-        loss_mask = self._loss_mask(inputs)
-        is_correct = inputs["klear_is_correct"]
-
         windowed = mode == "train" and "klear_num_tokens" in inputs
-        num_tokens = inputs["klear_num_tokens"].clamp(min=1.0) if windowed else None
-        num_sft_tokens = inputs["klear_num_sft_tokens"].clamp(min=1.0) if windowed else None
-
-        pg_loss, pg_metrics = policy_loss(
-            log_prob,
-            old_log_prob,
-            inputs["advantages"],
-            loss_mask,
-            loss_mode=args.loss_mode,
-            clip_ratio_low=args.clip_ratio_low,
-            clip_ratio_high=args.clip_ratio_high,
-            clip_ratio_c=args.clip_ratio_c,
-            beta1=args.beta1,
-            beta2=args.beta2,
-            loss_agg_mode=args.loss_agg_mode,
-            num_tokens=num_tokens if args.loss_agg_mode == "token-mean" else None,
-        )
-        if windowed and args.loss_agg_mode != "token-mean":
-            # seq-mean modes average over this micro-batch's kept sequences; re-weight to the window's count.
-            local_seqs = (loss_mask.sum(dim=1) > 0).sum()
-            pg_loss = pg_loss * local_seqs / inputs["klear_num_seqs"].clamp(min=1.0)
         if not windowed and mode == "train":  # pragma: no cover - every training micro-batch is annotated
             raise RuntimeError("training micro-batch without optimizer-window token counts")
+        # TRL's logged entropy needs the current entropies anyway; the loss gets them only if its mode reads them.
+        log_prob, entropies = self._policy_log_probs(model, inputs, compute_entropy=True)
+        old_log_prob = inputs.get("old_per_token_logps")
+        old_entropies = inputs.get("klear_old_entropies")
+        if old_log_prob is None:  # on-policy step: TRL skips the recomputation, the ratio is exactly 1
+            old_log_prob = log_prob.detach()
+            old_entropies = entropies.detach()
+        batch = LossInputs(
+            log_prob=log_prob,
+            old_log_prob=old_log_prob,
+            advantages=inputs["advantages"],
+            response_mask=self._loss_mask(inputs),
+            entropies=entropies if settings.mode.needs_entropies else None,
+            old_entropies=old_entropies if settings.mode.needs_old_entropies else None,
+            is_correct=inputs["klear_is_correct"],
+            # The exact counts of this optimizer step (all micro-batches, all processes); None: this micro-batch's.
+            num_tokens=inputs["klear_num_tokens"] if windowed else None,
+            num_seqs=inputs["klear_num_seqs"] if windowed else None,
+            num_sft_tokens=inputs["klear_num_sft_tokens"] if windowed else None,
+        )
+        loss, loss_metrics = total_loss(batch, settings)
 
-        loss = pg_loss
-        if args.alpha != 0.0:
-            lm_loss = sft_loss(log_prob, loss_mask, is_correct, num_tokens=num_sft_tokens)
-            loss = loss + args.alpha * lm_loss
-        else:
-            lm_loss = torch.zeros((), device=log_prob.device)
-
-        # Metrics (averaged over processes; TRL averages them again over the logging interval).
-        token_mask = completion_mask.float()
+        # Metrics (combined over processes; TRL averages them again over the logging interval).
+        token_mask = inputs["completion_mask"].float()
         gather = self.accelerator.gather
         m = self._metrics[mode]
-        m["klear/policy_loss"].append(gather(pg_loss.detach().reshape(1)).mean().item())
-        m["klear/sft_loss"].append(gather(lm_loss.detach().reshape(1)).mean().item())
         ent = torch.stack([(entropies.detach() * token_mask).sum(), token_mask.sum()])
         ent = self.accelerator.reduce(ent, reduction="sum")
         m["entropy"].append((ent[0] / ent[1].clamp(min=1.0)).item())
@@ -584,10 +581,8 @@ class GPPOTrainer(GRPOTrainer):
             n_proc = self.accelerator.num_processes
             m["klear/num_loss_tokens"].append(inputs["klear_num_tokens"].item() * n_proc)
             m["klear/num_sft_tokens"].append(inputs["klear_num_sft_tokens"].item() * n_proc)
-        reduce = {"ratio_max": torch.amax, "ratio_min": torch.amin}
-        for key in ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ppo_kl", "ratio_mean", "ratio_max",
-                    "ratio_min"):
-            if key in pg_metrics:
-                value = torch.as_tensor(pg_metrics[key], dtype=torch.float32, device=log_prob.device).reshape(1)
-                m[f"klear/{key}"].append(reduce.get(key, torch.mean)(gather(value)).item())
+        reduce = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}
+        for key, value in loss_metrics.items():
+            value = value.to(dtype=torch.float32, device=log_prob.device).reshape(1)
+            m[f"klear/{key}"].append(reduce[METRIC_REDUCTIONS.get(key, "mean")](gather(value)).item())
         return loss
