@@ -30,7 +30,12 @@ def test_embedded_model_one_gppo_step(tmp_path, embedded_path):
     # the real model answers with a box (the prompt's worked example teaches the format)
     assert sum("\\boxed{" in c for c in before["completions"]) >= 2
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
-    assert report["ci_low"] <= report["mean_diff"] <= report["ci_high"]
+    # the report's paired numbers, recomputed from the per-problem files
+    after = json.loads((tmp_path / "run" / "eval_after.json").read_text())
+    assert report["before"] == pytest.approx(sum(before["correct"]) / 4)
+    assert report["after"] == pytest.approx(sum(after["correct"]) / 4)
+    assert report["mean_diff"] == pytest.approx(report["after"] - report["before"])
+    assert report["n_improved"] == sum(a and not b for a, b in zip(after["correct"], before["correct"]))
 
 
 def test_embedded_conversion_is_cached(embedded_path):

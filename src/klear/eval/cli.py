@@ -46,8 +46,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="score the responses in this file without a model (see --response-field etc.)")
     src.add_argument("--output", required=True, metavar="DIR", help="run directory (resumed when it exists)")
 
-    s = p.add_argument_group("sampling (defaults: the paper's protocol, spec Sec. 7)")
-    s.add_argument("--n", type=int, default=64, help="samples per problem (default 64; LiveCodeBench: 8)")
+    s = p.add_argument_group("sampling (defaults: the paper's protocol, Sec. 4.2)")
+    s.add_argument("--n", type=int, default=64, help="samples per problem (default 64, the paper's avg@64 for AIME/HMMT; "
+                   "it uses 8 for LiveCodeBench: pass --n 8)")
     s.add_argument("--temperature", type=float, default=0.6, help="default 0.6 (0 = greedy)")
     s.add_argument("--top-p", type=float, default=0.95, help="default 0.95")
     s.add_argument("--max-tokens", type=int, default=32768, help="response budget per sample (default 32768)")
