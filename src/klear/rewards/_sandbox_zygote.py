@@ -1,18 +1,12 @@
 """Sandbox zygote: a warm interpreter that forks one confined child per program run.
 
-Started by :class:`klear.rewards.sandbox.Sandbox` as ``python -I -B _sandbox_zygote.py FD`` where
-``FD`` is one end of an ``AF_UNIX``/``SOCK_SEQPACKET`` socket pair. Standard library only; this
-file runs as a script, never imported by the package.
-
-Protocol (one JSON object per packet, file descriptors attached with ``SCM_RIGHTS``):
-
-- zygote -> parent, once: ``{"op": "hello", "pid", "root", "net_isolated", "notes": [...]}``.
-- parent -> zygote ``{"op": "spawn", "id", "mode": "stdio"|"rpc", "workdir", "uid", "gid", "limits",
-  "env"}`` with the child's descriptors (stdio: stdin, stdout, stderr; rpc: stdin, stdout, stderr,
-  requests-in, replies-out) -> ``{"op": "spawned", "id", "pid"}``.
-- parent -> zygote ``{"op": "reap", "id", "uid"}`` -> a short-lived child that switches to ``uid``
-  and sends SIGKILL to every process of that uid (``kill(-1)``), then ``{"op": "reaped", "id"}``.
-- zygote -> parent, whenever a child ends: ``{"op": "exit", "pid", "status"}`` (raw wait status).
+Started by :class:`klear.rewards.sandbox.Sandbox` as
+``python -I -B _sandbox_zygote.py FD ROOT MODE SCRATCH_BYTES CGROUP_FDS`` where ``FD`` is its end
+of the control channel. It speaks the protocol of ``sandbox_protocol.py`` (control channel to the
+parent; in an rpc-mode child, the run channel and the program side of the value encoding), which
+it loads by path from its own directory: this file runs as a script with ``-I``, outside the
+klear package, and imports the standard library only. The package imports it as a module only
+to read its path lists.
 
 The zygote itself holds no test data: the parent sends only the program's location and limits,
 so a forked child can never find expected outputs in memory it inherited.
@@ -28,9 +22,22 @@ import resource
 import select
 import signal
 import socket
-import struct
 import sys
 import traceback
+
+
+def _load_protocol():
+    """``sandbox_protocol.py`` from this file's directory, loaded by path (see the module docstring)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_protocol.py")
+    spec = importlib.util.spec_from_file_location("_klear_sandbox_protocol", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+protocol = _load_protocol()
 
 # Modules solutions commonly import: loaded once here, shared copy-on-write by every child.
 _PRELOAD = (
@@ -370,14 +377,6 @@ SECCOMP_OK = False
 CGROUP_FDS = []
 
 
-def _send(sock, obj, fds=()):
-    data = json.dumps(obj).encode()
-    if fds:
-        socket.send_fds(sock, [data], list(fds))
-    else:
-        sock.send(data)
-
-
 def _set_limits(limits):
     def lim(res, value):
         if value is None:
@@ -482,9 +481,9 @@ def _restrict_imports(allowed):
 
 
 # ------------------------------------------------------------------------------ rpc mode
-# Values cross the pipe as tagged JSON (see klear.rewards.code_reward for the trusted decoder).
+# The program side of the run channel (sandbox_protocol.py; klear.rewards.code.rpc is the trusted side).
 
-_MAX_MSG = 64 << 20
+TAG = protocol.TAG
 
 
 def _read_exact(fd, n):
@@ -499,16 +498,12 @@ def _read_exact(fd, n):
 
 
 def _rpc_recv(fd):
-    (n,) = struct.unpack(">I", _read_exact(fd, 4))
-    if n > _MAX_MSG:
-        raise ValueError("message too large")
+    n = protocol.frame_length(_read_exact(fd, protocol.FRAME_HEADER.size), protocol.MAX_REQUEST_BYTES, "request")
     return json.loads(_read_exact(fd, n))
 
 
 def _rpc_send(fd, obj):
-    data = json.dumps(obj, allow_nan=False).encode()
-    data = struct.pack(">I", len(data)) + data
-    view = memoryview(data)
+    view = memoryview(protocol.frame(obj, allow_nan=False))
     while view:
         k = os.write(fd, view)
         view = view[k:]
@@ -527,7 +522,7 @@ class _Codec:
     def handle(self, obj):
         hid = len(self.handles) + 1
         self.handles[hid] = obj
-        return {"$t": "handle", "id": hid, "cls": type(obj).__name__, "callable": callable(obj)}
+        return {TAG: "handle", "id": hid, "cls": type(obj).__name__, "callable": callable(obj)}
 
     def encode(self, x, memo=None, depth=0):
         if memo is None:
@@ -537,42 +532,38 @@ class _Codec:
         t = type(x)
         if x is None or t is bool or t is str:
             return x
-        if isinstance(x, bool):
-            return bool(x)
         if isinstance(x, int):
-            v = int.__index__(x)
-            return v if -(1 << 53) < v < (1 << 53) else {"$t": "int", "v": hex(v)}
+            return protocol.encode_int(int.__index__(x))
         if isinstance(x, float):
-            v = float.__float__(x)
-            return v if v == v and v not in (float("inf"), float("-inf")) else {"$t": "float", "v": repr(v)}
+            return protocol.encode_float(float.__float__(x))
         if isinstance(x, str):
             return str.__str__(x)
         if isinstance(x, complex):
-            return {"$t": "complex", "v": [x.real, x.imag]}
+            return {TAG: "complex", "v": [x.real, x.imag]}
         if isinstance(x, (bytes, bytearray)):
-            return {"$t": "bytes", "v": bytes(x).hex()}
+            return {TAG: "bytes", "v": bytes(x).hex()}
         if isinstance(x, range):
-            return {"$t": "range", "v": [x.start, x.stop, x.step]}
+            return {TAG: "range", "v": [x.start, x.stop, x.step]}
         enc = lambda y: self.encode(y, memo, depth + 1)  # noqa: E731
         if isinstance(x, list):
             return [enc(y) for y in list.__iter__(x)]
         if isinstance(x, tuple):
-            return {"$t": "tuple", "v": [enc(y) for y in tuple.__iter__(x)]}
+            return {TAG: "tuple", "v": [enc(y) for y in tuple.__iter__(x)]}
         if isinstance(x, (set, frozenset)):
-            return {"$t": "set" if isinstance(x, set) else "frozenset", "v": [enc(y) for y in x]}
+            return {TAG: "set" if isinstance(x, set) else "frozenset", "v": [enc(y) for y in x]}
         if isinstance(x, dict):
-            return {"$t": "dict", "v": [[enc(k), enc(v)] for k, v in dict.items(x)]}
+            return {TAG: "dict", "v": [[enc(k), enc(v)] for k, v in dict.items(x)]}
         mod = getattr(t, "__module__", "") or ""
         if mod.startswith("numpy") and hasattr(x, "tolist"):
             return enc(x.tolist())
         if mod in ("fractions", "decimal"):
-            return {"$t": mod, "v": str(x)}
+            return {TAG: mod, "v": str(x)}
         if t.__name__ in self.value_classes and hasattr(x, "__dict__"):
             key = id(x)
             if key in memo:
-                return {"$t": "ref", "id": memo[key]}
+                return {TAG: "ref", "id": memo[key]}
             memo[key] = len(memo) + 1
-            return {"$t": "obj", "cls": t.__name__, "id": memo[key],
+            return {TAG: "obj", "cls": t.__name__, "id": memo[key],
                     "v": {k: enc(v) for k, v in vars(x).items()}}
         if hasattr(x, "__next__") and hasattr(x, "__iter__"):
             items = []
@@ -580,7 +571,7 @@ class _Codec:
                 if i >= 1_000_000:
                     raise ValueError("iterator too long")
                 items.append(enc(y))
-            return {"$t": "iter", "v": items}
+            return {TAG: "iter", "v": items}
         return self.handle(x)
 
     def decode(self, x, memo=None):
@@ -590,7 +581,7 @@ class _Codec:
             return [self.decode(y, memo) for y in x]
         if not isinstance(x, dict):
             return x
-        t, v = x.get("$t"), x.get("v")
+        t, v = x.get(TAG), x.get("v")
         dec = lambda y: self.decode(y, memo)  # noqa: E731
         if t == "int":
             return int(v, 16)
@@ -634,7 +625,7 @@ class _Codec:
 
 def _run_rpc_program(src, prefix_src, setup_src):
     """Load prefix + program into one namespace, report the names it defines, then serve calls."""
-    rfd, wfd = 3, 4
+    rfd, wfd = protocol.REQUEST_FD, protocol.REPLY_FD
     sys.argv = ["solution.py"]
     ns = {"__name__": "solution", "__builtins__": builtins}
     value_classes = []
@@ -651,10 +642,10 @@ def _run_rpc_program(src, prefix_src, setup_src):
             exec(compile(setup_src, "setup.py", "exec"), ns)  # noqa: S102
             setup_names = [k for k, v in ns.items() if before.get(k) != id(v)]
     except SystemExit as e:
-        _rpc_send(wfd, {"op": "loaded", "ok": False, "error": f"SystemExit({e.code!r}) while loading"})
+        _rpc_send(wfd, {"op": protocol.OP_LOADED, "ok": False, "error": f"SystemExit({e.code!r}) while loading"})
         _flush_and_exit(1)
     except BaseException as e:  # noqa: BLE001
-        _rpc_send(wfd, {"op": "loaded", "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
+        _rpc_send(wfd, {"op": protocol.OP_LOADED, "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
         _flush_and_exit(1)
     names = {}
     for k, v in list(ns.items()):
@@ -666,14 +657,12 @@ def _run_rpc_program(src, prefix_src, setup_src):
             names[k] = "function"
         elif type(v).__name__ != "module":
             names[k] = "value"
-    _rpc_send(wfd, {"op": "loaded", "ok": True, "names": names, "setup_names": setup_names})
+    _rpc_send(wfd, {"op": protocol.OP_LOADED, "ok": True, "names": names, "setup_names": setup_names})
     codec = _Codec(ns, value_classes)
     while True:
         try:
             req = _rpc_recv(rfd)
-        except EOFError:
-            _flush_and_exit(0)
-        if req.get("op") == "exit":
+        except EOFError:  # the trusted side closed the channel
             _flush_and_exit(0)
         try:
             target = req["target"]
@@ -681,7 +670,7 @@ def _run_rpc_program(src, prefix_src, setup_src):
             if req.get("attr") is not None:
                 obj = getattr(obj, req["attr"])
             args = codec.decode(req.get("args", []))
-            kwargs = codec.decode(req.get("kwargs", {"$t": "dict", "v": []}))
+            kwargs = codec.decode(req.get("kwargs", {TAG: "dict", "v": []}))
             result = obj(*args, **kwargs)
             reply = {"ok": True, "value": codec.encode(result)}
         except SystemExit as e:
@@ -741,7 +730,7 @@ def _child(req, fds, is_root):
         sys.setrecursionlimit(int(req.get("recursion_limit", 10000)))
         _restrict_imports(req.get("allowed_packages"))
         _fresh_stdio()
-        if req["mode"] == "stdio":
+        if req["mode"] == protocol.MODE_STDIO:
             if sources["program"] is None:
                 raise FileNotFoundError(req["program"])
             _run_stdio_program(sources["program"], os.path.basename(req["program"]))
@@ -882,8 +871,8 @@ def main():
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    _send(sock, {"op": "hello", "pid": os.getpid(), "root": is_root, "net_isolated": isolated,
-                 "notes": notes})
+    protocol.send_packet(sock, {"op": protocol.OP_HELLO, "pid": os.getpid(), "root": is_root,
+                                "net_isolated": isolated, "notes": notes})
     reapers = {}
     spawned = {}
     while True:
@@ -907,21 +896,21 @@ def main():
                 if pid == 0:
                     break
             if pid in reapers:
-                _send(sock, {"op": "reaped", "id": reapers.pop(pid)})
+                protocol.send_packet(sock, {"op": protocol.OP_REAPED, "id": reapers.pop(pid)})
             elif pid in spawned:
                 uid = spawned.pop(pid)
                 _kill_leftovers(uid, spawned, is_root)
-                _send(sock, {"op": "exit", "pid": pid, "status": status})
+                protocol.send_packet(sock, {"op": protocol.OP_EXIT, "pid": pid, "status": status})
         if sock not in ready:
             continue
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
+            msg, fds, _flags, _addr = socket.recv_fds(sock, protocol.CONTROL_PACKET_BYTES, protocol.CONTROL_MAX_FDS)
         except OSError:
             os._exit(0)
         if not msg:
             os._exit(0)
         req = json.loads(msg)
-        if req["op"] == "spawn":
+        if req["op"] == protocol.OP_SPAWN:
             if is_root and SCRATCH_READY:
                 _reset_scratch(req.get("uid"))
             pid = os.fork()
@@ -930,8 +919,8 @@ def main():
             spawned[pid] = req.get("uid")
             for fd in fds:
                 os.close(fd)
-            _send(sock, {"op": "spawned", "id": req["id"], "pid": pid})
-        elif req["op"] == "reap":
+            protocol.send_packet(sock, {"op": protocol.OP_SPAWNED, "id": req["id"], "pid": pid})
+        elif req["op"] == protocol.OP_REAP:
             for fd in fds:
                 os.close(fd)
             if is_root and req.get("uid") is not None:
@@ -940,8 +929,8 @@ def main():
                     _reaper(int(req["uid"]))
                 reapers[pid] = req["id"]
             else:
-                _send(sock, {"op": "reaped", "id": req["id"]})
-        elif req["op"] == "kill":
+                protocol.send_packet(sock, {"op": protocol.OP_REAPED, "id": req["id"]})
+        elif req["op"] == protocol.OP_KILL:
             # pids are ours (they may live in a pid namespace the parent cannot see into)
             for fd in fds:
                 os.close(fd)
@@ -952,8 +941,6 @@ def main():
                         fn(pid, signal.SIGKILL)
                     except OSError:
                         pass
-        elif req["op"] == "quit":
-            os._exit(0)
 
 
 if __name__ == "__main__":

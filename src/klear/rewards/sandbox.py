@@ -63,8 +63,9 @@ the judge lacks fails as it would there; it is not a security boundary (the file
 seccomp rules above are), since a program can always read the interpreter's files.
 
 Expected outputs never enter the child: stdin carries only the test input; for call-based and
-assert-style tests the child receives only arguments (see :mod:`klear.rewards.code_reward`), and the
-verdict is always computed in the trusted parent.
+assert-style tests the child receives only arguments (see :mod:`klear.rewards.code.rpc`), and the
+verdict is always computed in the trusted parent. The messages between this module, the zygote
+and an rpc-mode program are :mod:`klear.rewards.sandbox_protocol`.
 """
 
 from __future__ import annotations
@@ -76,16 +77,16 @@ import math
 import os
 import selectors
 import shutil
-import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from klear.rewards import sandbox_protocol as protocol
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +157,8 @@ class SandboxConfig:
             if not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {v!r}")
         if isinstance(self.uid_base, bool) or not isinstance(self.uid_base, int) or self.uid_base < 10000:
-            raise ValueError(f"SandboxConfig.uid_base must be an int >= 10000 (never a real account), got {self.uid_base!r}")
+            raise ValueError(f"SandboxConfig.uid_base must be an int >= 10000 (never a real account), "
+                             f"got {self.uid_base!r}")
         if isinstance(self.uid_slots, bool) or not isinstance(self.uid_slots, int) or not 1 <= self.uid_slots <= 65536:
             raise ValueError(f"SandboxConfig.uid_slots must be an int in [1, 65536], got {self.uid_slots!r}")
         if self.uid_base + self.uid_slots > 2**31 - 2:
@@ -425,7 +427,7 @@ class _Zygote:
             hello = self._recv(timeout=30.0)
         except SandboxError:
             hello = None
-        if hello is None or hello.get("op") != "hello":
+        if hello is None or hello.get("op") != protocol.OP_HELLO:
             err = b""
             try:
                 self.proc.wait(timeout=2)
@@ -443,7 +445,7 @@ class _Zygote:
     def kill(self, pid: int) -> None:
         """SIGKILL the process group of a run (the zygote does it: the pid may be namespaced)."""
         try:
-            self.sock.send(json.dumps({"op": "kill", "pid": pid}).encode())
+            protocol.send_packet(self.sock, {"op": protocol.OP_KILL, "pid": pid})
         except OSError:
             pass
 
@@ -454,7 +456,7 @@ class _Zygote:
             r, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
             if not r:
                 return None
-        data = self.sock.recv(1 << 20)
+        data = self.sock.recv(protocol.CONTROL_PACKET_BYTES)
         if not data:
             raise SandboxError("sandbox zygote exited unexpectedly")
         return json.loads(data)
@@ -464,7 +466,7 @@ class _Zygote:
         msg = self._recv(timeout)
         if msg is None:
             return False
-        if msg.get("op") == "exit":
+        if msg.get("op") == protocol.OP_EXIT:
             self.exits[msg["pid"]] = msg["status"]
         elif "id" in msg:
             self.replies[msg["id"]] = msg
@@ -473,11 +475,7 @@ class _Zygote:
     def request(self, req: dict, fds: list[int] = (), timeout: float = 30.0) -> dict:
         self._next += 1
         req = dict(req, id=str(self._next))
-        data = json.dumps(req).encode()
-        if fds:
-            socket.send_fds(self.sock, [data], list(fds))
-        else:
-            self.sock.send(data)
+        protocol.send_packet(self.sock, req, fds)
         deadline = time.monotonic() + timeout
         while req["id"] not in self.replies:
             if not self.pump(deadline - time.monotonic()) and time.monotonic() >= deadline:
@@ -661,7 +659,7 @@ class Sandbox:
     def reap(self) -> None:
         """Kill every process left under the sandbox uid (root), no-op otherwise."""
         if self.uid is not None:
-            self._ensure().request({"op": "reap", "uid": self.uid})
+            self._ensure().request({"op": protocol.OP_REAP, "uid": self.uid})
 
     def _limits(self) -> dict:
         limits = self.config.limits()
@@ -686,7 +684,7 @@ class Sandbox:
             return str(p)
 
         req = {
-            "op": "spawn", "mode": mode, "workdir": str(workdir), "program": view(program),
+            "op": protocol.OP_SPAWN, "mode": mode, "workdir": str(workdir), "program": view(program),
             "prefix": view(prefix), "setup": view(setup),
             "uid": self.uid, "gid": self.uid, "limits": self._limits(), "env": self._env(workdir),
             "recursion_limit": self.config.recursion_limit,
@@ -738,7 +736,7 @@ class Sandbox:
         err_r, err_w = os.pipe()
         t0 = time.monotonic()
         try:
-            pid = self.spawn("stdio", workdir, program, [in_r, out_w, err_w])
+            pid = self.spawn(protocol.MODE_STDIO, workdir, program, [in_r, out_w, err_w])
         finally:
             for fd in (in_r, out_w, err_w):
                 os.close(fd)
@@ -834,8 +832,9 @@ class Sandbox:
         null_in = os.open(os.devnull, os.O_RDONLY)
         null_out = os.open(os.devnull, os.O_WRONLY)
         try:
-            pid = self.spawn("rpc", workdir, program, [null_in, null_out, null_out, req_r, rep_w], prefix=prefix,
-                             setup=setup)
+            # the child's descriptors 0..4: stdio, then protocol.REQUEST_FD and protocol.REPLY_FD
+            pid = self.spawn(protocol.MODE_RPC, workdir, program, [null_in, null_out, null_out, req_r, rep_w],
+                             prefix=prefix, setup=setup)
         finally:
             for fd in (req_r, rep_w, null_in, null_out):
                 os.close(fd)
@@ -843,13 +842,12 @@ class Sandbox:
 
 
 class RpcChannel:
-    """Length-prefixed JSON messages to and from a program started with :meth:`Sandbox.start_rpc`.
+    """The trusted end of the run channel to a program started with :meth:`Sandbox.start_rpc`
+    (frames and messages: :mod:`klear.rewards.sandbox_protocol`).
 
-    Every receive has a deadline (:attr:`deadline`, ``time.monotonic()`` seconds); past it
-    :class:`TimeoutError` is raised. A dead program raises :class:`EOFError`.
+    Every send and receive has a deadline (:attr:`deadline`, ``time.monotonic()`` seconds); past
+    it :class:`TimeoutError` is raised. A dead program raises :class:`EOFError`.
     """
-
-    MAX_MESSAGE = 16 << 20
 
     def __init__(self, sandbox: Sandbox, pid: int, wfd: int, rfd: int):
         self.sandbox, self.pid, self.wfd, self.rfd = sandbox, pid, wfd, rfd
@@ -857,8 +855,8 @@ class RpcChannel:
         self.closed = False
 
     def send(self, obj: dict) -> None:
-        data = json.dumps(obj).encode()
-        data = struct.pack(">I", len(data)) + data
+        """Send *obj* as one frame (``TimeoutError`` past the deadline, ``EOFError`` if the program died)."""
+        data = protocol.frame(obj)
         try:
             view = memoryview(data)
             while view:
@@ -892,9 +890,10 @@ class RpcChannel:
         return bytes(buf)
 
     def recv(self) -> dict:
-        (n,) = struct.unpack(">I", self._read(4))
-        if n > self.MAX_MESSAGE:
-            raise ValueError(f"reply of {n} bytes exceeds {self.MAX_MESSAGE}")
+        """The next message (a dict). Raises ``TimeoutError`` past the deadline, ``EOFError`` if the
+        program died, ``ValueError`` for a reply over :data:`~klear.rewards.sandbox_protocol.MAX_REPLY_BYTES`
+        or one that is not a JSON object."""
+        n = protocol.frame_length(self._read(protocol.FRAME_HEADER.size), protocol.MAX_REPLY_BYTES, "reply")
         obj = json.loads(self._read(n))
         if not isinstance(obj, dict):
             raise ValueError("malformed reply")
