@@ -33,7 +33,6 @@ import importlib
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -65,22 +64,10 @@ SAMPLE_ANSWER_FIELDS = ("ground_truth", "answer", "gold")
 
 # ------------------------------------------------------------------------------------ judging
 def _code_program(response: str) -> str | None:
-    """The last fenced code block after ``</think>`` (display only; the judge extracts its own)."""
-    try:
-        mod = importlib.import_module("klear.rewards.code_reward")
-    except ImportError:
-        mod = None
-    for name in ("extract_program", "extract_code", "extract_last_code_block"):
-        fn = getattr(mod, name, None) if mod is not None else None
-        if callable(fn):
-            try:
-                out = fn(response)
-                return out if isinstance(out, str) or out is None else getattr(out, "program", str(out))
-            except Exception:  # noqa: BLE001 - display only
-                break
-    text = response.rsplit("</think>", 1)[-1]
-    blocks = re.findall(r"```[ \t]*(?:python3?|py)?[^\n`]*\n(.*?)```", text, flags=re.DOTALL)
-    return blocks[-1] if blocks else None
+    """The program the code judge reads from a response (:func:`klear.rewards.code_reward.extract_code`)."""
+    from klear.rewards.code_reward import extract_code
+
+    return extract_code(response)
 
 
 def extract_answer(problem: Problem, response: str) -> str | None:
@@ -184,10 +171,10 @@ def read_samples(path: str | os.PathLike, *, repair_torn_tail: bool = False) -> 
             v = rec.get(key)
             if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
                 raise ValueError(f"{p}:{lineno}: field {key!r} must be {typ.__name__}, got {v!r:.60}")
-        key = (rec["problem_id"], rec["sample_index"])
-        if key in seen:
-            raise ValueError(f"{p}:{lineno}: duplicate sample {key} (first on line {seen[key]})")
-        seen[key] = lineno
+        sample = (rec["problem_id"], rec["sample_index"])
+        if sample in seen:
+            raise ValueError(f"{p}:{lineno}: duplicate sample {sample} (first on line {seen[sample]})")
+        seen[sample] = lineno
         records.append(rec)
     else:
         if repair_torn_tail and data and not data.endswith(b"\n"):
@@ -405,9 +392,10 @@ def run_eval(
         _atomic_write(out / PROBLEMS_FILE, "".join(json.dumps(_problem_row(p)) + "\n" for p in benchmark.problems))
 
     started = time.time()
-    invocation = {"started": _dt.datetime.now().isoformat(timespec="seconds"), "backend": getattr(backend, "name", None),
-                  "precision": getattr(backend, "precision", None), "n": n, "already_done": len(done & {(p.problem_id, i) for p in benchmark.problems for i in range(n)}),
-                  "to_generate": len(requests), "generated": 0}
+    wanted = {(p.problem_id, i) for p in benchmark.problems for i in range(n)}
+    invocation: dict[str, Any] = {"started": _dt.datetime.now().isoformat(timespec="seconds"),
+                  "backend": getattr(backend, "name", None), "precision": getattr(backend, "precision", None),
+                  "n": n, "already_done": len(done & wanted), "to_generate": len(requests), "generated": 0}
     run.setdefault("invocations", []).append(invocation)
     _atomic_write(run_path, json.dumps(run, indent=2) + "\n")
     if requests:
@@ -488,8 +476,8 @@ def _sample_from_line(where: str, rec: dict, *, response_field, id_field, answer
     else:
         pid = next((rec[f] for f in SAMPLE_ID_FIELDS if rec.get(f) not in (None, "")), None)
     if pid is None or pid == "":
-        raise ValueError(f"{where}: no problem id (looked for {', '.join([id_field] if id_field else SAMPLE_ID_FIELDS)}); "
-                         "pass --id-field")
+        looked = ", ".join([id_field] if id_field else SAMPLE_ID_FIELDS)
+        raise ValueError(f"{where}: no problem id (looked for {looked}); pass --id-field")
     if isinstance(pid, float) and pid.is_integer():
         pid = int(pid)
     idx = rec.get("sample_index")
