@@ -1,5 +1,6 @@
 """Tests for klear.rl.losses: values, GRADIENTS (the gradient table of Eq. 10, 12, 16, 18), masking,
-aggregation, micro-batching, dtypes, errors, the loss-mode registry and the total loss (Eq. 14).
+aggregation, micro-batching, dtypes, errors, the loss-mode registry, the total loss (Eq. 14) and Entropy
+Ratio Clipping (ERC, arXiv 2512.05591: ppo_erc, gppo_erc).
 
 Expected values are written by hand or computed in float64 with a different formula
 (the literal torch.min / torch.clamp expressions of the paper).
@@ -22,6 +23,7 @@ from klear.rl.losses import (
     LossSettings,
     TokenLoss,
     compute_policy_loss,
+    entropy_ratio,
     policy_loss,
     sft_loss,
     total_loss,
@@ -52,6 +54,11 @@ MODE_CONFIGS = {
     "gppo_only_high": dict(loss_mode="gppo_only_high"),
     "gppo_only_high_b2_0.7": dict(loss_mode="gppo_only_high", beta2=0.7),
     "cispo": dict(loss_mode="cispo"),
+    # ERC modes: with every entropy ratio inside the band their F is the base mode's (test_erc_gradient_table
+    # covers the tokens outside it).
+    "ppo_erc": dict(loss_mode="ppo_erc"),
+    "gppo_erc": dict(loss_mode="gppo_erc"),
+    "gppo_erc_b0.5_1": dict(loss_mode="gppo_erc", beta1=0.5, beta2=1.0),  # CE-GPPO + ERC
 }
 F_TABLE = {
     #                 inside_pos inside_neg low_negA low_posA high_posA high_negA dual_cap zero_adv
@@ -62,12 +69,35 @@ F_TABLE = {
     "gppo_only_high":        [1.1, 0.9, 0.0,   0.5, 1.28,  2.0,  0.0, 0.0],
     "gppo_only_high_b2_0.7": [1.1, 0.9, 0.0,   0.5, 0.896, 2.0,  0.0, 0.0],
     "cispo":                 [1.1, 0.9, 0.8,   0.8, 1.28,  1.28, 0.0, 0.0],
+    "ppo_erc":               [1.1, 0.9, 0.0,   0.5, 0.0,   2.0,  0.0, 0.0],
+    "gppo_erc":              [1.1, 0.9, 0.8,   0.5, 1.28,  2.0,  0.0, 0.0],
+    "gppo_erc_b0.5_1":       [1.1, 0.9, 0.4,   0.5, 1.28,  2.0,  0.0, 0.0],
 }
 # Without dual clip only the dual_cap token (r = 20, A < 0) changes: unclipped branch.
 F_NO_DUAL_CAP = {
     "ppo_clip": 20.0, "gppo": 20.0, "gppo_b0.5_1": 20.0, "gppo_b0.25_0.7": 20.0,
     "gppo_only_high": 20.0, "gppo_only_high_b2_0.7": 20.0, "cispo": 1.28,
+    "ppo_erc": 20.0, "gppo_erc": 20.0, "gppo_erc_b0.5_1": 20.0,
 }
+
+
+def _needs_entropies(mode):
+    m = LOSS_REGISTRY[mode]
+    return m.needs_entropies or m.needs_old_entropies
+
+
+def _ent(mode, like, seed=0, band=0.1):
+    """``entropies`` / ``old_entropies`` kwargs for a mode that needs them (else {}), shaped like ``like``.
+
+    ``H_old`` is uniform in [0.1, 2.1) nats and ``H = H_old * u`` with ``u`` uniform in ``(1 - band, 1 + band)``:
+    with the default band about half the tokens are outside ERC's (0.95, 1.05); ``band=0`` gives ``rho = 1``.
+    """
+    if not _needs_entropies(mode):
+        return {}
+    g = torch.Generator().manual_seed(seed)
+    old = torch.rand(like.shape, generator=g, dtype=F64) * 2 + 0.1
+    u = 1 + (torch.rand(like.shape, generator=g, dtype=F64) * 2 - 1) * band
+    return {"entropies": (old * u).to(like.dtype), "old_entropies": old.to(like.dtype)}
 
 
 def _case_batch(dtype=F64, pad_value=-1e4):
@@ -90,9 +120,13 @@ def _case_batch(dtype=F64, pad_value=-1e4):
 def test_gradient_table(config, dual):
     lp, old, adv, mask, r, a = _case_batch()
     n = len(CASES)
+    h_old = torch.full_like(lp.detach(), 0.8)
+    h = h_old * torch.tensor([1.03, 0.97] * 4, dtype=F64)[:, None]  # inside ERC's band (0.95, 1.05)
+    h[:, 1] = math.nan  # padded column
+    ent = {"entropies": h, "old_entropies": h_old} if _needs_entropies(MODE_CONFIGS[config]["loss_mode"]) else {}
     loss, _ = policy_loss(
         lp, old, adv, mask, clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH,
-        clip_ratio_c=C if dual else None, **MODE_CONFIGS[config],
+        clip_ratio_c=C if dual else None, **MODE_CONFIGS[config], **ent,
     )
     loss.backward()
     f = torch.tensor(F_TABLE[config], dtype=F64)
@@ -178,8 +212,10 @@ def test_gppo_gradient_matches_paper_clamp_expression(seed):
 def test_advantages_per_token_equals_broadcast():
     lp, old, adv, mask = _random_batch(7)
     for mode in LOSS_MODES:
-        l1, _ = policy_loss(lp, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0)
-        l2, _ = policy_loss(lp, old, adv[:, None].expand_as(lp).clone(), mask, loss_mode=mode, clip_ratio_c=3.0)
+        ent = _ent(mode, lp)
+        l1, _ = policy_loss(lp, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0, **ent)
+        l2, _ = policy_loss(lp, old, adv[:, None].expand_as(lp).clone(), mask, loss_mode=mode, clip_ratio_c=3.0,
+                            **ent)
         assert torch.equal(l1, l2)
 
 
@@ -194,7 +230,8 @@ def test_ratio_one_first_update(mode):
     adv = torch.tensor([1.0, -2.0, 0.5, -0.25], dtype=F64)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
     n = int(mask.sum())
-    loss, metrics = policy_loss(lp, old, adv, mask, loss_mode=mode, clip_ratio_c=C)
+    # ERC modes: the rollout pass's entropies equal the current ones on the first update (rho = 1)
+    loss, metrics = policy_loss(lp, old, adv, mask, loss_mode=mode, clip_ratio_c=C, **_ent(mode, lp, band=0.0))
     loss.backward()
     a_tok = adv[:, None].expand(4, 5)
     m = mask.bool()
@@ -207,6 +244,9 @@ def test_ratio_one_first_update(mode):
     assert metrics["clip_frac"].item() == 0.0
     assert metrics["ppo_kl"].item() == 0.0
     assert metrics["ratio_mean"].item() == metrics["ratio_max"].item() == metrics["ratio_min"].item() == 1.0
+    if _needs_entropies(mode):
+        assert metrics["erc_frac"].item() == 0.0
+        assert metrics["entropy_ratio_max"].item() == metrics["entropy_ratio_min"].item() == 1.0
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -241,9 +281,13 @@ def test_token_mean_microbatch_split_with_num_tokens(mode):
     mask[4, 1:] = 0
     total_tokens = int(mask.sum())
     kw = dict(loss_mode=mode, clip_ratio_c=3.0)
+    ent = _ent(mode, lp, seed=2)
+
+    def part(sl):
+        return {k: v[sl] for k, v in ent.items()}
 
     full_lp = lp.clone().requires_grad_(True)
-    full, _ = policy_loss(full_lp, old, adv, mask, **kw)
+    full, _ = policy_loss(full_lp, old, adv, mask, **kw, **ent)
     full.backward()
 
     acc_lp = lp.clone().requires_grad_(True)
@@ -252,10 +296,10 @@ def test_token_mean_microbatch_split_with_num_tokens(mode):
     naive_sum = 0.0
     slices = (slice(0, 2), slice(2, 4), slice(4, 6))
     for sl in slices:
-        micro, _ = policy_loss(acc_lp[sl], old[sl], adv[sl], mask[sl], num_tokens=total_tokens, **kw)
+        micro, _ = policy_loss(acc_lp[sl], old[sl], adv[sl], mask[sl], num_tokens=total_tokens, **kw, **part(sl))
         micro.backward()  # gradient accumulation
         micro_sum += micro.item()
-        naive, _ = policy_loss(naive_lp[sl], old[sl], adv[sl], mask[sl], **kw)
+        naive, _ = policy_loss(naive_lp[sl], old[sl], adv[sl], mask[sl], **kw, **part(sl))
         (naive / len(slices)).backward()  # average of per-micro-batch means
         naive_sum += naive.item() / len(slices)
     assert micro_sum == pytest.approx(full.item(), rel=1e-12, abs=1e-14)
@@ -270,7 +314,7 @@ def test_token_mean_microbatch_split_with_num_tokens(mode):
     assert naive_sum != pytest.approx(full.item(), rel=1e-6)
 
     # num_tokens as a tensor (e.g. an all-reduced count) works the same
-    l_t, _ = policy_loss(lp, old, adv, mask, num_tokens=torch.tensor(float(total_tokens)), **kw)
+    l_t, _ = policy_loss(lp, old, adv, mask, num_tokens=torch.tensor(float(total_tokens)), **kw, **ent)
     assert l_t.item() == pytest.approx(full.item(), rel=1e-12)
 
 
@@ -284,7 +328,7 @@ def test_zero_unmasked_tokens():
         for agg in LOSS_AGG_MODES:
             lp.grad = None
             loss, metrics = policy_loss(lp, old, torch.randn(3), mask, loss_mode=mode, loss_agg_mode=agg,
-                                        clip_ratio_c=3.0)
+                                        clip_ratio_c=3.0, **_ent(mode, lp))
             assert loss.item() == 0.0 and loss.requires_grad
             loss.backward()
             assert torch.all(lp.grad == 0)
@@ -305,16 +349,22 @@ def test_masked_junk_does_not_poison(bad, mode, agg):
     mask[3, 2:] = 0
     adv_tok = adv[:, None].expand_as(lp).clone()
 
+    ent0 = _ent(mode, lp, seed=4)
+
     def run(lp_val, old_val, adv_val):
         x = lp.clone()
         o = old.clone()
         a = adv_tok.clone()
+        ent = {k: v.clone() for k, v in ent0.items()}
         x[1, 5] = lp_val
         o[1, 5] = old_val
         x[3, 3] = lp_val
         a[3, 3] = adv_val
+        for v in ent.values():  # the entropies' masked positions hold junk too
+            v[1, 5] = old_val
+            v[3, 3] = adv_val
         x.requires_grad_(True)
-        loss, metrics = policy_loss(x, o, a, mask, loss_mode=mode, loss_agg_mode=agg, clip_ratio_c=3.0)
+        loss, metrics = policy_loss(x, o, a, mask, loss_mode=mode, loss_agg_mode=agg, clip_ratio_c=3.0, **ent)
         loss.backward()
         return loss, x.grad, metrics
 
@@ -333,7 +383,7 @@ def test_extreme_unmasked_log_ratio_is_finite():
     old = torch.zeros(1, 2)
     lp = torch.tensor([[200.0, -200.0]], requires_grad=True)
     for mode in LOSS_MODES:
-        loss, m = policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), loss_mode=mode)
+        loss, m = policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), loss_mode=mode, **_ent(mode, lp))
         loss.backward()
         assert torch.isfinite(loss) and torch.all(torch.isfinite(lp.grad))
         assert m["ratio_max"].item() == pytest.approx(math.exp(20), rel=1e-5)
@@ -380,12 +430,15 @@ def test_clip_fractions_only_count_taken_branch():
 @pytest.mark.parametrize("mode", LOSS_MODES)
 def test_dtypes(dtype, tol, mode):
     lp, old, adv, mask = _random_batch(2, b=4, t=8, spread=0.3)
+    # entropies rounded to dtype for both runs so ERC's decisions agree
+    ent = {k: v.to(dtype) for k, v in _ent(mode, lp, seed=6).items()}
     ref_lp = lp.clone().requires_grad_(True)
-    ref, _ = policy_loss(ref_lp, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0)
+    ref, _ = policy_loss(ref_lp, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0,
+                         **{k: v.double() for k, v in ent.items()})
     ref.backward()
     # compare on inputs already rounded to dtype so clipping decisions agree
     x = lp.to(dtype).requires_grad_(True)
-    loss, metrics = policy_loss(x, old.to(dtype), adv.to(dtype), mask, loss_mode=mode, clip_ratio_c=3.0)
+    loss, metrics = policy_loss(x, old.to(dtype), adv.to(dtype), mask, loss_mode=mode, clip_ratio_c=3.0, **ent)
     loss.backward()
     assert loss.dtype == torch.promote_types(dtype, torch.float32)
     assert x.grad.dtype == dtype
@@ -535,11 +588,20 @@ BAD_SETTINGS = [
     (dict(clip_ratio_c=math.nan), "clip_ratio_c must be finite"),
     (dict(beta1=-0.5), "beta1 must be >= 0.0"),
     (dict(beta2=math.inf), "beta2 must be finite"),
-    (dict(loss_mode="ppo_clip", beta1=0.5), "beta1 is only used by loss_mode 'gppo'; got beta1=0.5 with "
-                                            "loss_mode='ppo_clip'"),
+    (dict(loss_mode="ppo_clip", beta1=0.5), "beta1 is only used by loss_mode 'gppo', 'gppo_erc'; got beta1=0.5 "
+                                            "with loss_mode='ppo_clip'"),
     (dict(loss_mode="gppo_only_high", beta1=0.5), "beta1 is only used by loss_mode 'gppo'"),
     (dict(loss_mode="cispo", beta2=0.5), "beta2 is only used by loss_mode 'gppo', 'gppo_only_high'"),
     (dict(loss_mode="ppo_clip", beta2=0.7), "beta2 is only used by loss_mode 'gppo', 'gppo_only_high'"),
+    (dict(loss_mode="ppo_erc", beta1=0.5), "beta1 is only used by loss_mode 'gppo', 'gppo_erc'"),
+    (dict(loss_mode="gppo_erc", erc_low=0.0), "erc_low must be > 0.0, got 0.0"),
+    (dict(loss_mode="gppo_erc", erc_low=1.0), "erc_low must be < 1.0, got 1.0"),
+    (dict(loss_mode="ppo_erc", erc_high=0.0), "erc_high must be > 0.0, got 0.0"),
+    (dict(loss_mode="ppo_erc", erc_high=-0.1), "erc_high must be > 0.0"),
+    (dict(loss_mode="gppo_erc", erc_high=math.nan), "erc_high must be finite"),
+    (dict(loss_mode="gppo", erc_low=0.1), "erc_low is only used by loss_mode 'ppo_erc', 'gppo_erc'; got "
+                                          "erc_low=0.1 with loss_mode='gppo'"),
+    (dict(loss_mode="cispo", erc_high=0.2), "erc_high is only used by loss_mode 'ppo_erc', 'gppo_erc'"),
 ]
 
 
@@ -576,7 +638,7 @@ def test_loss_settings_store_floats_and_accept_mode_specific_values():
 
 def test_metric_reductions_name_real_metrics():
     lp, old, adv, mask = _random_batch(1)
-    _, metrics = policy_loss(lp, old, adv, mask)
+    _, metrics = policy_loss(lp, old, adv, mask, loss_mode="gppo_erc", **_ent("gppo_erc", lp))
     assert set(METRIC_REDUCTIONS) <= set(metrics)
     assert set(METRIC_REDUCTIONS.values()) <= {"max", "min"}
 
@@ -590,8 +652,9 @@ def test_seq_mean_microbatch_split_with_num_seqs(mode, agg):
     lp, old, adv, mask = _random_batch(13, b=6, t=9, spread=0.8)
     mask[1] = 0  # a fully masked response: not counted
     kw = dict(loss_mode=mode, loss_agg_mode=agg, clip_ratio_c=3.0)
+    ent = _ent(mode, lp, seed=3)
     full_lp = lp.clone().requires_grad_(True)
-    full, _ = policy_loss(full_lp, old, adv, mask, **kw)
+    full, _ = policy_loss(full_lp, old, adv, mask, **kw, **ent)
     full.backward()
     n_seqs = int((mask.sum(dim=1) > 0).sum())
     assert n_seqs == 5
@@ -599,10 +662,11 @@ def test_seq_mean_microbatch_split_with_num_seqs(mode, agg):
     naive_sum = 0.0
     micro_sum = 0.0
     for sl in (slice(0, 2), slice(2, 6)):  # 1 and 4 responses with tokens
-        micro, _ = policy_loss(acc_lp[sl], old[sl], adv[sl], mask[sl], num_seqs=n_seqs, **kw)
+        part = {k: v[sl] for k, v in ent.items()}
+        micro, _ = policy_loss(acc_lp[sl], old[sl], adv[sl], mask[sl], num_seqs=n_seqs, **kw, **part)
         micro.backward()
         micro_sum += micro.item()
-        naive, _ = policy_loss(lp[sl], old[sl], adv[sl], mask[sl], **kw)
+        naive, _ = policy_loss(lp[sl], old[sl], adv[sl], mask[sl], **kw, **part)
         naive_sum += naive.item() / 2
     assert micro_sum == pytest.approx(full.item(), rel=1e-12, abs=1e-14)
     torch.testing.assert_close(acc_lp.grad, full_lp.grad, rtol=1e-12, atol=1e-15)
@@ -641,14 +705,15 @@ def test_total_loss_is_policy_plus_alpha_sft(mode):
     lp, old, adv, mask = _random_batch(21, b=5, t=6, spread=0.7)
     correct = torch.tensor([True, False, True, True, False])
     n_tok, n_sft = 40, 17  # the whole optimizer step's counts (this batch is part of it)
+    ent = _ent(mode, lp, seed=5)
     x = lp.clone().requires_grad_(True)
     loss, metrics = total_loss(
-        LossInputs(x, old, adv, mask, is_correct=correct, num_tokens=n_tok, num_sft_tokens=n_sft),
+        LossInputs(x, old, adv, mask, is_correct=correct, num_tokens=n_tok, num_sft_tokens=n_sft, **ent),
         LossSettings(loss_mode=mode, clip_ratio_c=3.0, alpha=0.3))
     loss.backward()
     # Reference: policy_loss plus the SFT term written out by hand (Eq. 13), in float64.
     y = lp.clone().requires_grad_(True)
-    pg, pg_metrics = policy_loss(y, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0, num_tokens=n_tok)
+    pg, pg_metrics = policy_loss(y, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0, num_tokens=n_tok, **ent)
     sel = mask.bool() & correct[:, None]
     lm = -(y[sel]).sum() / n_sft
     (pg + 0.3 * lm).backward()
@@ -713,3 +778,170 @@ def test_a_registered_mode_gets_the_entropies(monkeypatch):
     # modes that do not read them accept (and ignore) entropies
     plain, _ = policy_loss(lp, old, adv, mask, entropies=ent_junk)
     assert torch.equal(plain, policy_loss(lp, old, adv, mask)[0])
+
+
+# --------------------------------------------------------------------------- Entropy Ratio Clipping (ERC)
+
+ERC_CONFIGS = [name for name, cfg in MODE_CONFIGS.items() if _needs_entropies(cfg["loss_mode"])]
+ERC_BASE = {"ppo_erc": "ppo_clip", "gppo_erc": "gppo"}  # the mode ERC is added to
+# (H / H_old, inside ERC's open band (0.95, 1.05)?): the H_old = 1 column below, so rho = (H + 1e-8) / (1 + 1e-8)
+RHO_CASES = [(0.5, False), (0.95 * (1 - 1e-7), False), (0.95 * (1 + 1e-7), True), (0.97, True), (1.0, True),
+             (1.04, True), (1.05 * (1 - 1e-7), True), (1.05 * (1 + 1e-7), False), (3.0, False)]
+
+
+def _erc_base_kwargs(config):
+    cfg = dict(MODE_CONFIGS[config])
+    return {**cfg, "loss_mode": ERC_BASE[cfg["loss_mode"]]}
+
+
+def kw_base(kw):
+    """The settings of an ERC test without the ERC ones (the base mode must keep their defaults)."""
+    return {k: v for k, v in kw.items() if not k.startswith("erc_")}
+
+
+@pytest.mark.parametrize("dual", [True, False], ids=["dual_c10", "no_dual"])
+@pytest.mark.parametrize("rho, inside", RHO_CASES, ids=[f"rho{r:.9g}" for r, _ in RHO_CASES])
+@pytest.mark.parametrize("config", ERC_CONFIGS)
+def test_erc_gradient_table(config, rho, inside, dual):
+    """Every clip case x inside/outside the entropy band: F is the table's F inside the band and 0 outside; the
+    value is the base mode's (bit-equal) and the divisor is all unmasked tokens, masked-by-ERC ones included."""
+    lp, old, adv, mask, r, a = _case_batch()
+    n = len(CASES)
+    h_old = torch.ones_like(old)
+    h = torch.full_like(old, rho)
+    h[:, 1] = math.nan  # padded column
+    kw = dict(clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH, clip_ratio_c=C if dual else None)
+    loss, metrics = policy_loss(lp, old, adv, mask, entropies=h, old_entropies=h_old, **MODE_CONFIGS[config], **kw)
+    loss.backward()
+    f = torch.tensor(F_TABLE[config], dtype=F64)
+    if not dual:
+        f[6] = F_NO_DUAL_CAP[config]
+    expected = -f * a / n if inside else torch.zeros(n, dtype=F64)  # divisor n whatever ERC masks
+    for i, (name, _, _) in enumerate(CASES):
+        assert lp.grad[i, 0].item() == pytest.approx(expected[i].item(), rel=1e-12, abs=1e-15), (config, name)
+    assert torch.all(lp.grad[:, 1] == 0)
+    base, _ = policy_loss(lp.detach(), old, adv, mask, **_erc_base_kwargs(config), **kw)
+    assert torch.equal(loss.detach(), base)  # ERC never changes the value
+    assert metrics["erc_frac"].item() == (0.0 if inside else 1.0)
+    assert metrics["erc_frac_high"].item() == (1.0 if not inside and rho > 1 else 0.0)
+    assert metrics["erc_frac_low"].item() == (1.0 if not inside and rho < 1 else 0.0)
+    expected_rho = (rho + 1e-8) / (1 + 1e-8)
+    for key in ("entropy_ratio_mean", "entropy_ratio_max", "entropy_ratio_min"):
+        assert metrics[key].item() == pytest.approx(expected_rho, rel=1e-14)
+
+
+@pytest.mark.parametrize("config", ERC_CONFIGS)
+def test_erc_per_token_mask_in_one_batch(config):
+    """Each token's own rho decides: a mixed batch, F written by hand per token, token-mean over all 8 tokens."""
+    lp, old, adv, mask, r, a = _case_batch()
+    n = len(CASES)
+    rho = torch.tensor([1.2, 1.01, 0.9, 0.99, 0.5, 1.0, 2.0, 0.96], dtype=F64)  # out/in per token
+    inside = torch.tensor([False, True, False, True, False, True, False, True])
+    h_old = torch.full_like(old, 0.7)
+    h = h_old * rho[:, None]
+    loss, metrics = policy_loss(lp, old, adv, mask, entropies=h, old_entropies=h_old, clip_ratio_low=EPS_LOW,
+                                clip_ratio_high=EPS_HIGH, clip_ratio_c=C, **MODE_CONFIGS[config])
+    loss.backward()
+    f = torch.tensor(F_TABLE[config], dtype=F64) * inside
+    torch.testing.assert_close(lp.grad[:, 0], -f * a / n, rtol=1e-12, atol=1e-15)
+    assert metrics["erc_frac_high"].item() == pytest.approx(2 / 8)
+    assert metrics["erc_frac_low"].item() == pytest.approx(2 / 8)
+    assert metrics["erc_frac"].item() == pytest.approx(4 / 8)
+    rho_eps = (0.7 * rho + 1e-8) / (0.7 + 1e-8)  # the 1e-8 moves rho by ~1e-8 here
+    assert metrics["entropy_ratio_max"].item() == pytest.approx(rho_eps.max().item(), rel=1e-14)
+    assert metrics["entropy_ratio_min"].item() == pytest.approx(rho_eps.min().item(), rel=1e-14)
+    assert metrics["entropy_ratio_mean"].item() == pytest.approx(rho_eps.mean().item(), rel=1e-14)
+
+
+@pytest.mark.parametrize("agg", LOSS_AGG_MODES)
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("config", ERC_CONFIGS)
+def test_erc_is_the_base_loss_with_a_gradient_mask(config, seed, agg):
+    """Random batch, every aggregation: the value is bit-equal to the base mode's, the gradient is the base mode's
+    on the kept tokens (so every divisor is unchanged) and 0 on the others; the kept set is computed here in float64
+    from the authors' formula."""
+    lp, old, adv, mask = _random_batch(seed, b=6, t=9, spread=0.8)
+    ent = _ent("gppo_erc", lp, seed=seed, band=0.12)
+    kw = dict(clip_ratio_c=3.0, loss_agg_mode=agg, erc_low=0.05, erc_high=0.08)
+    x = lp.clone().requires_grad_(True)
+    loss, metrics = policy_loss(x, old, adv, mask, **MODE_CONFIGS[config], **ent, **kw)
+    loss.backward()
+    y = lp.clone().requires_grad_(True)
+    base, base_metrics = policy_loss(y, old, adv, mask, **_erc_base_kwargs(config), **kw_base(kw))
+    base.backward()
+    m = mask.bool()
+    rho = (ent["entropies"] + 1e-8) / (ent["old_entropies"] + 1e-8)
+    kept = m & (rho > 0.95) & (rho < 1.08)
+    assert 0 < int(kept.sum()) < int(m.sum())  # both kinds present
+    assert torch.equal(loss.detach(), base.detach())
+    assert torch.equal(x.grad, torch.where(kept, y.grad, 0.0))
+    assert bool((y.grad[m & ~kept] != 0).any())  # ERC did take some gradient away
+    n = int(m.sum())
+    assert metrics["erc_frac_high"].item() == pytest.approx(int((m & (rho >= 1.08)).sum()) / n, rel=1e-12)
+    assert metrics["erc_frac_low"].item() == pytest.approx(int((m & (rho <= 0.95)).sum()) / n, rel=1e-12)
+    assert metrics["erc_frac"].item() == pytest.approx(1 - int(kept.sum()) / n, rel=1e-12)
+    assert metrics["entropy_ratio_mean"].item() == pytest.approx(rho[m].mean().item(), rel=1e-12)
+    assert metrics["entropy_ratio_max"].item() == rho[m].max().item()
+    assert metrics["entropy_ratio_min"].item() == rho[m].min().item()
+    for key, value in base_metrics.items():  # the shared metrics are the base mode's
+        assert metrics[key].item() == value.item(), key
+
+
+def test_erc_entropy_epsilon_and_nan():
+    """The authors' 1e-8 on both entropies: two zero entropies give rho = 1 (gradient kept); a zero rollout entropy
+    with a nonzero current one is masked; rho from a NaN entropy on an unmasked token is masked, value unchanged."""
+    old = torch.zeros(5, 1, dtype=F64)
+    lp = (old + torch.log(torch.tensor([1.1, 0.9, 1.0, 1.0, 1.05], dtype=F64))[:, None]).requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0, 2.0, 0.5, -3.0], dtype=F64)
+    h_old = torch.tensor([[0.0], [0.0], [0.0], [1.0], [0.3]], dtype=F64)
+    h = torch.tensor([[0.0], [1e-10], [1e-9], [math.nan], [0.3]], dtype=F64)
+    # rho: 1 (kept), 1.01 (kept), 1.1 (masked), NaN (masked), 1 (kept)
+    loss, metrics = policy_loss(lp, old, adv, torch.ones(5, 1), loss_mode="ppo_erc", entropies=h, old_entropies=h_old)
+    loss.backward()
+    r = torch.exp(lp.detach()[:, 0] - old[:, 0])
+    expected = torch.tensor([1, 1, 0, 0, 1], dtype=F64) * (-r * adv / 5)  # all inside the PPO band: F = r
+    torch.testing.assert_close(lp.grad[:, 0], expected, rtol=1e-12, atol=1e-15)
+    assert loss.item() == pytest.approx((-r * adv).mean().item(), rel=1e-12)
+    assert metrics["erc_frac"].item() == pytest.approx(2 / 5)
+    assert metrics["erc_frac_high"].item() == pytest.approx(1 / 5)  # the NaN one is on neither side
+    assert metrics["erc_frac_low"].item() == 0.0
+    assert entropy_ratio(h[:3], h_old[:3])[:, 0].tolist() == pytest.approx([1.0, 1.01, 1.1], rel=1e-12)
+
+
+def test_erc_needs_both_entropies_and_other_modes_ignore_them():
+    lp, old, adv, mask = _random_batch(0, b=2, t=3)
+    ent = _ent("ppo_erc", lp)
+    for mode in ("ppo_erc", "gppo_erc"):
+        with pytest.raises(ValueError, match=rf"loss_mode='{mode}' needs entropies \(B, T\); got None"):
+            policy_loss(lp, old, adv, mask, loss_mode=mode, old_entropies=ent["old_entropies"])
+        with pytest.raises(ValueError, match=rf"loss_mode='{mode}' needs old_entropies \(B, T\); got None"):
+            policy_loss(lp, old, adv, mask, loss_mode=mode, entropies=ent["entropies"])
+    with pytest.raises(ValueError, match=r"old_entropies must have the shape of log_prob \(B, T\) = \(2, 3\)"):
+        policy_loss(lp, old, adv, mask, loss_mode="ppo_erc", entropies=ent["entropies"],
+                    old_entropies=ent["old_entropies"][:, :2])
+    gppo, m = policy_loss(lp, old, adv, mask, loss_mode="gppo", **ent)
+    assert torch.equal(gppo, policy_loss(lp, old, adv, mask, loss_mode="gppo")[0])
+    assert "erc_frac" not in m and "entropy_mean" in m
+    assert LossSettings(loss_mode="gppo_erc", beta1=0.5, erc_low=0.1, erc_high=0.2).erc_high == 0.2
+
+
+def test_entropy_metrics_of_the_clip_categories():
+    """With entropies, any mode reports the mean entropy and each clip category's share of it (CE-GPPO's view)."""
+    r = torch.tensor([2.0, 0.5, 2.0, 0.5, 1.0, 20.0, 1.1], dtype=F64)
+    a = torch.tensor([-1.0, 1.0, 1.0, -1.0, 1.0, -1.0, 99.0], dtype=F64)
+    # tokens: r=2,A<0 (not high) | r=.5,A>0 (not low) | high | low | inside | dual | MASKED
+    old = torch.full((7, 1), -1.0, dtype=F64)
+    lp = old + torch.log(r)[:, None]
+    mask = torch.tensor([[1], [1], [1], [1], [1], [1], [0]])
+    h = torch.tensor([[0.1], [0.2], [0.4], [0.8], [1.6], [3.2], [math.nan]], dtype=F64)
+    for mode in ("ppo_clip", "gppo", "ppo_erc"):
+        _, m = policy_loss(lp, old, a, mask, loss_mode=mode, clip_ratio_c=C, entropies=h, old_entropies=h)
+        assert m["entropy_mean"].item() == pytest.approx(6.3 / 6, rel=1e-12)
+        assert m["entropy_share_clip_high"].item() == pytest.approx(0.4 / 6, rel=1e-12)
+        assert m["entropy_share_clip_low"].item() == pytest.approx(0.8 / 6, rel=1e-12)
+        # share / fraction = the category's mean entropy
+        assert m["entropy_share_clip_low"].item() / m["clip_frac_low"].item() == pytest.approx(0.8, rel=1e-12)
+    _, m = policy_loss(lp, old, a, mask, loss_mode="cispo", clip_ratio_c=C, entropies=h)
+    assert m["entropy_share_clip_high"].item() == pytest.approx((0.1 + 0.4) / 6, rel=1e-12)  # cispo: any sign of A
+    _, m = policy_loss(lp, old, a, torch.zeros_like(mask), entropies=h)
+    assert m["entropy_mean"].item() == 0.0 and m["entropy_share_clip_high"].item() == 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import random
@@ -292,7 +293,7 @@ def test_drop_filtered_samples_keeps_order_and_trims():
     assert sorted(torch.cat([b["klear_keep"] for b in out]).tolist()) == [False, True]
 
 
-# ------------------------------------------------------------------ loss settings are checked by the loss's own validator
+# ------------------------------------------------------------- loss settings are checked by the loss's own validator
 # Settings policy_loss rejects; GPPOConfig used to accept all but the first three (issue 11).
 _BAD_LOSS_SETTINGS = [
     {"loss_mode": "grpo"},
@@ -308,6 +309,11 @@ _BAD_LOSS_SETTINGS = [
     {"loss_mode": "ppo_clip", "beta1": 0.5},
     {"loss_mode": "gppo_only_high", "beta1": 0.25},
     {"loss_mode": "cispo", "beta2": 0.5},
+    {"loss_mode": "gppo_erc", "erc_low": 0.0},
+    {"loss_mode": "gppo_erc", "erc_low": 1.0},
+    {"loss_mode": "ppo_erc", "erc_high": -0.05},
+    {"loss_mode": "ppo_erc", "beta1": 0.5},
+    {"loss_mode": "gppo", "erc_high": 0.1},
 ]
 
 
@@ -328,8 +334,9 @@ def test_config_rejects_bad_alpha(tmp_path, alpha):
 
 
 def test_config_forwards_every_loss_setting(tmp_path):
-    values = {"loss_mode": "gppo", "clip_ratio_low": 0.1, "clip_ratio_high": 0.4, "clip_ratio_c": 3.0, "beta1": 0.5,
-              "beta2": 0.7, "loss_agg_mode": "seq-mean-token-sum", "alpha": 0.2}
+    values = {"loss_mode": "gppo_erc", "clip_ratio_low": 0.1, "clip_ratio_high": 0.4, "clip_ratio_c": 3.0,
+              "beta1": 0.5, "beta2": 0.7, "erc_low": 0.1, "erc_high": 0.2, "loss_agg_mode": "seq-mean-token-sum",
+              "alpha": 0.2}
     assert set(values) == {f.name for f in dataclasses.fields(LossSettings)}  # a new setting: add it here
     assert set(values) <= {f.name for f in dataclasses.fields(GPPOConfig)}
     assert _config(tmp_path, **values).loss_settings() == LossSettings(**values)
@@ -402,3 +409,63 @@ def test_a_mode_that_needs_entropies_gets_current_and_old_ones(tmp_path, tiny_mo
         else:  # the model was updated since the rollout
             assert diff > 1e-6, (i, diff)
     assert all(("klear_old_entropies" in mb) == (steps_per_generation == 4) for mb in trainer._buffered_inputs)
+
+
+# ------------------------------------------------------------------ Entropy Ratio Clipping through the trainer
+def test_gppo_erc_runs_with_the_rollout_passs_old_entropies(tmp_path, tiny_model):
+    """gppo_erc off-policy (2 optimizer steps per rollout batch): the old entropies come from the rollout's log-prob
+    pass; on the first step both policies are the same model, so rho == 1 on every token, ERC masks nothing and the
+    accumulated gradient is gppo's; on the second step the ratios have moved."""
+    model, tok = tiny_model
+    twin = copy.deepcopy(model)
+    table = {f"p{i}": [1.0, -1.0, 0.0, 1.0] for i in range(4)}
+    runs = {}
+    for mode, m in (("gppo_erc", model), ("gppo", twin)):
+        rec = _GradRecorder()
+        args = _config(tmp_path / mode, loss_mode=mode, max_steps=2, learning_rate=5e-3)
+        trainer = GPPOTrainer(model=m, reward_funcs=_reward_table(dict(table)), args=args,
+                              train_dataset=_dataset(4), processing_class=tok, callbacks=[rec])
+        trainer.train()
+        runs[mode] = (trainer, rec)
+    trainer, rec = runs["gppo_erc"]
+    assert all(mb["klear_old_entropies"].shape == mb["completion_mask"].shape for mb in trainer._buffered_inputs)
+    logs = [h for h in trainer.state.log_history if "klear/erc_frac" in h]
+    assert len(logs) == 2
+    first, second = logs
+    assert first["klear/erc_frac"] == 0.0
+    assert first["klear/entropy_ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert first["klear/entropy_ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(second["klear/entropy_ratio_max"] - 1.0) > 1e-6 or abs(second["klear/entropy_ratio_min"] - 1.0) > 1e-6
+    for key in ("klear/erc_frac_high", "klear/erc_frac_low", "klear/entropy_ratio_mean", "klear/entropy_mean",
+                "klear/entropy_share_clip_high", "klear/entropy_share_clip_low"):
+        assert key in first and math.isfinite(first[key]), key
+    gppo_trainer, gppo_rec = runs["gppo"]
+    assert "klear/erc_frac" not in gppo_trainer.state.log_history[0]
+    assert "klear/entropy_mean" in gppo_trainer.state.log_history[0]  # every mode gets the entropy metrics
+    assert rec.grads.keys() == gppo_rec.grads.keys() and rec.grads
+    for k, g in rec.grads.items():
+        err = (g - gppo_rec.grads[k]).norm() / gppo_rec.grads[k].norm().clamp(min=1e-30)
+        assert err < 1e-5, (k, err.item())
+
+
+@pytest.mark.parametrize("name, loss_mode, beta1", [("rl_math_cegppo", "gppo", 0.5), ("rl_math_erc", "gppo_erc", 1.0)])
+def test_shipped_cegppo_and_erc_recipes_are_valid(name, loss_mode, beta1):
+    """The GPU-scale recipes load, pass the recipe checks and their loss settings validate (as klear rl does before
+    any model loads); the loss settings are the released ones (CE-GPPO: beta1 0.5, beta2 1, eps 0.2; ERC: gppo_erc,
+    band (0.95, 1.05), eps 0.2) and everything else is the Klear math recipe's."""
+    from klear.config import apply_overrides, load_config
+    from klear.rl.job import validate_job_config
+
+    cfg, path = load_config(name)
+    validate_job_config(apply_overrides(cfg, ["model=/ckpt", "data.train=/data.parquet"]), str(path))
+    t = cfg["trainer"]
+    settings = LossSettings(**{f.name: t[f.name] for f in dataclasses.fields(LossSettings) if f.name in t})
+    assert (settings.loss_mode, settings.beta1, settings.beta2) == (loss_mode, beta1, 1.0)
+    assert (settings.clip_ratio_low, settings.clip_ratio_high, settings.clip_ratio_c, settings.alpha) == (
+        0.2, 0.2, 10.0, 0.1)
+    assert (settings.erc_low, settings.erc_high) == (0.05, 0.05)
+    klear, _ = load_config("rl_math_klear")
+    loss_keys = {f.name for f in dataclasses.fields(LossSettings)}
+    same = {k: v for k, v in klear["trainer"].items() if k not in loss_keys}
+    assert {k: t.get(k) for k in same} == same
+    assert cfg["output_dir"] == f"runs/{name}"

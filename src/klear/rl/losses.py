@@ -39,12 +39,43 @@ A < 0 and r > c (dual-clip cap taken)  0         0            0               0
 The RL objective is ``L = L_pg + alpha * L_LM`` (Eq. 14) with ``L_LM`` the SFT loss on
 the correct rollouts (Eq. 13, Sec. 3.2.3): :func:`total_loss`.
 
+CE-GPPO (Su et al., arXiv 2509.20712) is ``gppo`` with ``beta1 < beta2`` used as an entropy
+controller (released: ``beta1`` 0.5 or 0.75, ``beta2 = 1``, ``eps_low = eps_high = 0.2``): the
+low-side clipped tokens (``A < 0``, ``r < lo``) push already-unlikely tokens down and so lower the
+entropy; scaling their gradient by ``beta1 < 1`` slows the entropy decrease.  It needs no mode of its
+own (``configs/rl_math_cegppo.yaml``); when the per-token entropies are passed, the metrics
+``entropy_share_clip_high`` / ``entropy_share_clip_low`` show which clipped tokens carry entropy.
+
+Entropy Ratio Clipping
+----------------------
+ERC (Su et al., "Entropy Ratio Clipping as a Soft Global Constraint for Stable Reinforcement
+Learning", arXiv 2512.05591; released code ``Kwai-Klear/ERC``, ``compute_policy_loss_gppo_erc`` /
+``compute_policy_loss_grpo_erc``) adds, per token, the entropy ratio
+``rho = (H_theta(s_t) + 1e-8) / (H_old(s_t) + 1e-8)`` of the current and the rollout policy's
+next-token distributions.  A token with ``rho`` outside the open band ``(1 - erc_low, 1 + erc_high)``
+(released: ``0.95, 1.05``) keeps its loss value but gets no gradient: its per-token loss ``l`` is
+replaced by ``sg(l)``; it stays in the divisor of every aggregation.  So ``F`` of the gradient table
+becomes ``F * 1[1 - erc_low < rho < 1 + erc_high]``:
+
+* ``ppo_erc``: ``ppo_clip`` + ERC (the authors' DAPO + ERC, ``grpo_erc``).
+* ``gppo_erc``: ``gppo`` (with ``beta1`` / ``beta2``) + ERC (the authors' ``gppo_erc``).
+
+ERC is not defined for CISPO in the paper (it integrates ERC into DAPO and GPPO only), so there is no
+``cispo_erc``.  Choices where the paper leaves room, all as in the authors' code: ``H`` is the entropy
+(nats) of the temperature-scaled distribution (the one the log-probs come from); ``H_theta`` is the
+current policy's entropy used only as a mask, so it is detached; the ``1e-8`` (``ERC_ENTROPY_EPS``) is
+theirs, so two (near-)zero entropies give ``rho = 1`` (kept) and a token whose rollout entropy was
+about 0 but whose current entropy is not is masked; a token whose ``rho`` is NaN is masked; the mask
+is applied to the whole per-token term after clipping (the dual-clip cap is a constant anyway) and
+never to the SFT term.
+
 Registry
 --------
 ``LOSS_REGISTRY`` maps each ``loss_mode`` name to a :class:`LossMode`: a small function
 ``token_loss(terms: TokenTerms, settings: LossSettings) -> TokenLoss`` (the per-token loss
 and which tokens it clipped) plus what the mode needs: the mode-specific settings it reads
-(``beta1``/``beta2``; any other mode must leave them at 1.0) and whether it needs the
+(``beta1``/``beta2``, ``erc_low``/``erc_high``; any other mode must leave them at their defaults) and
+whether it needs the
 per-token entropies of the current (``needs_entropies``) or rollout (``needs_old_entropies``)
 policy, which the trainer then computes and passes in :class:`LossInputs`.  Everything
 shared by the modes happens once, in :func:`compute_policy_loss`: input validation, the
@@ -57,7 +88,7 @@ Adding a loss mode: write its ``token_loss`` function here and add its :class:`L
 to ``_BUILTIN_MODES``; add its column to ``F_TABLE`` / ``MODE_CONFIGS`` in
 ``tests/test_losses.py`` (the gradient-table test then checks it) and its own tests there.
 A mode with settings of its own also needs the field in :class:`LossSettings` (with its
-check, and its neutral value in ``_MODE_SETTING_NEUTRAL``) and a field of the same name in
+check, and its default in ``_MODE_SETTING_NEUTRAL``) and a field of the same name in
 ``klear.rl.trainer.GPPOConfig`` (forwarded by name, checked by a test).
 
 Implementation notes
@@ -94,9 +125,10 @@ Implementation notes
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
-from typing import Callable, Dict, NamedTuple, Optional, Tuple, Union
+from typing import NamedTuple
 
 import torch
 
@@ -104,6 +136,7 @@ __all__ = [
     "LOSS_MODES",
     "LOSS_AGG_MODES",
     "LOSS_REGISTRY",
+    "ERC_ENTROPY_EPS",
     "LOG_RATIO_CLAMP",
     "METRIC_REDUCTIONS",
     "LossInputs",
@@ -113,20 +146,24 @@ __all__ = [
     "TokenTerms",
     "aggregate",
     "compute_policy_loss",
+    "entropy_ratio",
     "policy_loss",
     "sft_loss",
     "total_loss",
 ]
 
 #: Valid values of ``loss_agg_mode``.
-LOSS_AGG_MODES: Tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 #: The log-ratio is clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp``.
 LOG_RATIO_CLAMP: float = 20.0
 #: How a metric of :func:`compute_policy_loss` combines over processes / micro-batches
 #: (``"max"`` or ``"min"``); every metric not listed is averaged.
-METRIC_REDUCTIONS: Dict[str, str] = {"ratio_max": "max", "ratio_min": "min"}
+METRIC_REDUCTIONS: dict[str, str] = {"ratio_max": "max", "ratio_min": "min", "entropy_ratio_max": "max",
+                                     "entropy_ratio_min": "min"}
+#: Added to both entropies of the ERC ratio ``rho = (H + eps) / (H_old + eps)`` (the authors' value).
+ERC_ENTROPY_EPS: float = 1e-8
 
-Count = Union[int, float, torch.Tensor]
+Count = int | float | torch.Tensor
 
 
 # --------------------------------------------------------------------------- validation helpers
@@ -141,7 +178,7 @@ def _check_float_tensor(name: str, t: object) -> torch.Tensor:
 
 
 def _check_scalar(name: str, value: object, *, min_value: float, min_inclusive: bool = True,
-                  max_value: Optional[float] = None) -> float:
+                  max_value: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number, got {value!r}")
     v = float(value)
@@ -155,7 +192,7 @@ def _check_scalar(name: str, value: object, *, min_value: float, min_inclusive: 
     return v
 
 
-def _as_bool_mask(name: str, mask: object, shape: Tuple[int, ...], shape_desc: str) -> torch.Tensor:
+def _as_bool_mask(name: str, mask: object, shape: tuple[int, ...], shape_desc: str) -> torch.Tensor:
     """Validate a 0/1 mask (bool, integer or float) and return it as a bool tensor."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
@@ -172,8 +209,8 @@ def _as_bool_mask(name: str, mask: object, shape: Tuple[int, ...], shape_desc: s
     return mask != 0
 
 
-def _resolve_count(name: str, value: Optional[Count], local_count: torch.Tensor,
-                   what: str) -> Optional[float]:
+def _resolve_count(name: str, value: Count | None, local_count: torch.Tensor,
+                   what: str) -> float | None:
     """Validate an explicit divisor (``num_tokens``, ``num_seqs``) against this batch's own count.
 
     Returns the divisor as a python float (1.0 when it is 0 and there is nothing to
@@ -233,22 +270,25 @@ class TokenTerms(NamedTuple):
     ratio: torch.Tensor
     lo: float
     hi: float
-    entropies: Optional[torch.Tensor]
-    old_entropies: Optional[torch.Tensor]
+    entropies: torch.Tensor | None
+    old_entropies: torch.Tensor | None
 
 
 class TokenLoss(NamedTuple):
-    """What a mode's ``token_loss`` returns; every tensor is ``(B, T)``.
+    """What a mode's ``token_loss`` returns; every tensor but the metrics is ``(B, T)``.
 
     Attributes:
         per_token: the per-token loss (before the dual-clip cap, masking and aggregation).
         clipped_high: bool, tokens clipped from above (counted in ``clip_frac_high``).
         clipped_low: bool, tokens clipped from below (counted in ``clip_frac_low``).
+        metrics: the mode's own detached 0-dim metrics over the unmasked tokens (added to those of
+            :func:`compute_policy_loss`), or None.
     """
 
     per_token: torch.Tensor
     clipped_high: torch.Tensor
     clipped_low: torch.Tensor
+    metrics: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -265,14 +305,14 @@ class LossMode:
     """
 
     name: str
-    token_loss: Callable[[TokenTerms, "LossSettings"], TokenLoss]
-    settings: Tuple[str, ...] = ()
+    token_loss: Callable[[TokenTerms, LossSettings], TokenLoss]
+    settings: tuple[str, ...] = ()
     needs_entropies: bool = False
     needs_old_entropies: bool = False
 
 
-#: Mode-specific settings and their neutral value (the value every mode that does not read them must keep).
-_MODE_SETTING_NEUTRAL: Dict[str, float] = {"beta1": 1.0, "beta2": 1.0}
+#: Mode-specific settings and their default (the value every mode that does not read them must keep).
+_MODE_SETTING_NEUTRAL: dict[str, float] = {"beta1": 1.0, "beta2": 1.0, "erc_low": 0.05, "erc_high": 0.05}
 
 
 @dataclass(frozen=True)
@@ -287,6 +327,11 @@ class LossSettings:
         beta1: low-side clipped gradient scale of ``gppo`` (Eq. 17), ``>= 0``; 1.0 for other modes.
         beta2: high-side clipped gradient scale of ``gppo`` / ``gppo_only_high`` (Eq. 17), ``>= 0``;
             1.0 for other modes.
+        erc_low: ERC band below 1 (``ppo_erc`` / ``gppo_erc``): tokens with entropy ratio
+            ``rho <= 1 - erc_low`` get no gradient; ``0 < erc_low < 1``; 0.05 (the released value) for
+            other modes.
+        erc_high: ERC band above 1: tokens with ``rho >= 1 + erc_high`` get no gradient; ``> 0``; 0.05
+            for other modes.
         loss_agg_mode: one of ``LOSS_AGG_MODES``.
         alpha: weight of the SFT term in :func:`total_loss` (Eq. 14), ``>= 0``; the paper uses 0.1.
 
@@ -295,17 +340,19 @@ class LossSettings:
     Raises:
         ValueError: unknown ``loss_mode`` / ``loss_agg_mode`` (lists the valid ones); a value
             out of range or not finite (names the field, the bound and the value); a
-            mode-specific setting (``beta1``, ``beta2``) away from 1.0 for a mode that does
-            not use it (names the modes that do).
+            mode-specific setting (``beta1``, ``beta2``, ``erc_low``, ``erc_high``) away from its
+            default for a mode that does not use it (names the modes that do).
         TypeError: a number field is not a real number (or is a bool).
     """
 
     loss_mode: str = "gppo"
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
-    clip_ratio_c: Optional[float] = None
+    clip_ratio_c: float | None = None
     beta1: float = 1.0
     beta2: float = 1.0
+    erc_low: float = 0.05
+    erc_high: float = 0.05
     loss_agg_mode: str = "token-mean"
     alpha: float = 0.1
 
@@ -321,6 +368,9 @@ class LossSettings:
             "clip_ratio_high": _check_scalar("clip_ratio_high", self.clip_ratio_high, min_value=0.0),
             "beta1": _check_scalar("beta1", self.beta1, min_value=0.0),
             "beta2": _check_scalar("beta2", self.beta2, min_value=0.0),
+            # An empty band (0) would take every token's gradient away, rho == 1 included.
+            "erc_low": _check_scalar("erc_low", self.erc_low, min_value=0.0, min_inclusive=False, max_value=1.0),
+            "erc_high": _check_scalar("erc_high", self.erc_high, min_value=0.0, min_inclusive=False),
             "alpha": _check_scalar("alpha", self.alpha, min_value=0.0),
         }
         if self.clip_ratio_c is not None:
@@ -371,19 +421,19 @@ class LossInputs:
     old_log_prob: torch.Tensor
     advantages: torch.Tensor
     response_mask: torch.Tensor
-    entropies: Optional[torch.Tensor] = None
-    old_entropies: Optional[torch.Tensor] = None
-    is_correct: Optional[torch.Tensor] = None
-    num_tokens: Optional[Count] = None
-    num_seqs: Optional[Count] = None
-    num_sft_tokens: Optional[Count] = None
+    entropies: torch.Tensor | None = None
+    old_entropies: torch.Tensor | None = None
+    is_correct: torch.Tensor | None = None
+    num_tokens: Count | None = None
+    num_seqs: Count | None = None
+    num_sft_tokens: Count | None = None
 
 
 # --------------------------------------------------------------------------- the loss modes
 
 
-def _clipped_surrogate(t: TokenTerms, high_grad: Optional[float] = None,
-                       low_grad: Optional[float] = None) -> TokenLoss:
+def _clipped_surrogate(t: TokenTerms, high_grad: float | None = None,
+                       low_grad: float | None = None) -> TokenLoss:
     """PPO's clipped surrogate ``-min(r*A, clip(r, lo, hi)*A)`` (Eq. 1, 5), optionally gradient-preserving.
 
     ``high_grad`` / ``low_grad``: ``F`` of the high-side (``r > hi``, ``A > 0``) / low-side (``r < lo``,
@@ -433,16 +483,76 @@ def _cispo(t: TokenTerms, s: LossSettings) -> TokenLoss:
     return TokenLoss(-weight * t.adv * lp_safe, clipped_high, clipped_low)
 
 
-_BUILTIN_MODES: Tuple[LossMode, ...] = (
+def _mean_max_min(x: torch.Tensor, mask: torch.Tensor, acc: torch.dtype,
+                  empty: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean, max and min of ``x`` over the ``mask`` tokens in dtype ``acc`` (each ``empty`` when there is none)."""
+    x = x.detach().to(acc)
+    count = mask.sum()
+    fill = torch.full((), empty, dtype=acc, device=x.device)
+    if x.numel() == 0:
+        return fill, fill, fill
+    mean = torch.where(mask, x, 0.0).sum() / count.clamp(min=1).to(acc)
+    x_max = torch.where(mask, x, -math.inf).amax()
+    x_min = torch.where(mask, x, math.inf).amin()
+    has_any = count > 0
+    return torch.where(has_any, mean, fill), torch.where(has_any, x_max, fill), torch.where(has_any, x_min, fill)
+
+
+def entropy_ratio(entropies: torch.Tensor, old_entropies: torch.Tensor) -> torch.Tensor:
+    """ERC's per-token entropy ratio ``rho = (H + eps) / (H_old + eps)`` with ``eps = ERC_ENTROPY_EPS``.
+
+    Args:
+        entropies: ``(B, T)`` float, entropy (nats) of the current policy's next-token distribution.
+        old_entropies: ``(B, T)`` float, the same for the rollout policy.
+
+    Returns:
+        ``(B, T)`` detached, in ``promote(entropies.dtype, old_entropies.dtype, float32)``.
+    """
+    acc = _acc_dtype(torch.promote_types(entropies.dtype, old_entropies.dtype))
+    return (entropies.detach().to(acc) + ERC_ENTROPY_EPS) / (old_entropies.detach().to(acc) + ERC_ENTROPY_EPS)
+
+
+def _with_entropy_ratio_clip(base: Callable[[TokenTerms, LossSettings], TokenLoss]
+                             ) -> Callable[[TokenTerms, LossSettings], TokenLoss]:
+    """``base`` + Entropy Ratio Clipping (arXiv 2512.05591): per-token loss ``l`` -> ``sg(l)`` where
+    ``rho`` is outside ``(1 - erc_low, 1 + erc_high)``; the value and every divisor are unchanged."""
+
+    def token_loss(t: TokenTerms, s: LossSettings) -> TokenLoss:
+        out = base(t, s)
+        assert t.entropies is not None and t.old_entropies is not None  # needs_(old_)entropies: checked on input
+        rho = entropy_ratio(t.entropies, t.old_entropies)
+        kept = t.mask & (rho > 1.0 - s.erc_low) & (rho < 1.0 + s.erc_high)  # NaN rho: not kept
+        per_tok = torch.where(kept, out.per_token, out.per_token.detach())
+        with torch.no_grad():
+            acc = rho.dtype
+            denom = t.mask.sum().clamp(min=1).to(acc)
+            high = (t.mask & (rho >= 1.0 + s.erc_high)).sum().to(acc) / denom
+            low = (t.mask & (rho <= 1.0 - s.erc_low)).sum().to(acc) / denom
+            r_mean, r_max, r_min = _mean_max_min(rho, t.mask, acc, empty=1.0)
+            metrics = {"erc_frac_high": high, "erc_frac_low": low,
+                       "erc_frac": (t.mask & ~kept).sum().to(acc) / denom,
+                       "entropy_ratio_mean": r_mean, "entropy_ratio_max": r_max, "entropy_ratio_min": r_min}
+        return out._replace(per_token=per_tok, metrics=metrics)
+
+    token_loss.__doc__ = f"``{base.__name__}`` plus Entropy Ratio Clipping (arXiv 2512.05591)."
+    return token_loss
+
+
+_ERC = ("erc_low", "erc_high")
+_BUILTIN_MODES: tuple[LossMode, ...] = (
     LossMode("ppo_clip", _ppo_clip),
     LossMode("gppo", _gppo, settings=("beta1", "beta2")),
     LossMode("gppo_only_high", _gppo_only_high, settings=("beta2",)),
     LossMode("cispo", _cispo),
+    LossMode("ppo_erc", _with_entropy_ratio_clip(_ppo_clip), settings=_ERC, needs_entropies=True,
+             needs_old_entropies=True),
+    LossMode("gppo_erc", _with_entropy_ratio_clip(_gppo), settings=("beta1", "beta2") + _ERC,
+             needs_entropies=True, needs_old_entropies=True),
 )
 #: ``loss_mode`` name -> :class:`LossMode`.
-LOSS_REGISTRY: Dict[str, LossMode] = {m.name: m for m in _BUILTIN_MODES}
+LOSS_REGISTRY: dict[str, LossMode] = {m.name: m for m in _BUILTIN_MODES}
 #: The built-in values of ``loss_mode``.
-LOSS_MODES: Tuple[str, ...] = tuple(LOSS_REGISTRY)
+LOSS_MODES: tuple[str, ...] = tuple(LOSS_REGISTRY)
 
 
 # --------------------------------------------------------------------------- shared machinery
@@ -467,7 +577,7 @@ def _token_terms(inputs: LossInputs, settings: LossSettings) -> TokenTerms:
         )
     mask = _as_bool_mask("response_mask", inputs.response_mask, shape, "(B, T)")
     mode = settings.mode
-    entropy = {}
+    entropy: dict[str, torch.Tensor | None] = {}
     for name, needed in (("entropies", mode.needs_entropies), ("old_entropies", mode.needs_old_entropies)):
         value = getattr(inputs, name)
         if value is None:
@@ -494,7 +604,7 @@ def _token_terms(inputs: LossInputs, settings: LossSettings) -> TokenTerms:
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str, *,
-              num_tokens: Optional[Count] = None, num_seqs: Optional[Count] = None,
+              num_tokens: Count | None = None, num_seqs: Count | None = None,
               what: str = "unmasked tokens") -> torch.Tensor:
     """Reduce per-token losses to one loss (Eq. 7 token-mean, Eq. 3 seq-mean-token-mean, seq-mean-token-sum).
 
@@ -533,38 +643,41 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str, *
 
 
 def _policy_metrics(t: TokenTerms, clipped_high: torch.Tensor, clipped_low: torch.Tensor, dual: torch.Tensor,
-                    acc: torch.dtype) -> Dict[str, torch.Tensor]:
+                    acc: torch.dtype) -> dict[str, torch.Tensor]:
     """Detached 0-dim metrics over the unmasked tokens (see :func:`policy_loss`); no host sync."""
     with torch.no_grad():
         mask = t.mask
         tok_count = mask.sum()
         denom = tok_count.clamp(min=1).to(acc)
-        has_any = tok_count > 0
 
         def frac(m: torch.Tensor) -> torch.Tensor:
             return m.sum().to(acc) / denom
 
-        r_acc = t.ratio.detach().to(acc)
-        one = torch.ones((), dtype=acc, device=r_acc.device)
-        if r_acc.numel() > 0:
-            r_max = torch.where(mask, r_acc, -math.inf).amax()
-            r_min = torch.where(mask, r_acc, math.inf).amin()
-        else:
-            r_max = r_min = one
+        r_mean, r_max, r_min = _mean_max_min(t.ratio, mask, acc, empty=1.0)
         f_high, f_low = frac(clipped_high), frac(clipped_low)
-        return {
+        metrics = {
             "clip_frac_high": f_high,
             "clip_frac_low": f_low,
             "clip_frac": f_high + f_low,
             "dual_clip_frac": frac(dual),
             "ppo_kl": torch.where(mask, -t.log_ratio.detach(), 0.0).to(acc).sum() / denom,
-            "ratio_mean": torch.where(has_any, torch.where(mask, r_acc, 0.0).sum() / denom, one),
-            "ratio_max": torch.where(has_any, r_max, one),
-            "ratio_min": torch.where(has_any, r_min, one),
+            "ratio_mean": r_mean,
+            "ratio_max": r_max,
+            "ratio_min": r_min,
         }
+        if t.entropies is not None:
+            ent = t.entropies.to(_acc_dtype(t.entropies.dtype))
+
+            def share(m: torch.Tensor) -> torch.Tensor:
+                return torch.where(m, ent, 0.0).sum().to(acc) / denom
+
+            metrics["entropy_mean"] = share(mask)
+            metrics["entropy_share_clip_high"] = share(clipped_high)
+            metrics["entropy_share_clip_low"] = share(clipped_low)
+        return metrics
 
 
-def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy loss of ``settings.loss_mode`` on one batch: its ``token_loss``, the dual-clip cap,
     masking, aggregation and metrics.  Values, gradients, metrics and errors are those of :func:`policy_loss`
     (which documents them); the counts used are ``inputs.num_tokens`` (token-mean) or ``inputs.num_seqs``
@@ -596,6 +709,8 @@ def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> Tuple[tor
                      num_seqs=inputs.num_seqs)
     # The categories unclipped / high / low / dual are disjoint: a dual-capped token is not counted as clipped.
     metrics = _policy_metrics(t, t.mask & out.clipped_high & ~dual, t.mask & out.clipped_low & ~dual, dual, acc)
+    if out.metrics is not None:
+        metrics.update({k: v.to(acc) for k, v in out.metrics.items()})
     return loss, metrics
 
 
@@ -611,16 +726,18 @@ def policy_loss(
     loss_mode: str = "gppo",
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.28,
-    clip_ratio_c: Optional[float] = None,
+    clip_ratio_c: float | None = None,
     beta1: float = 1.0,
     beta2: float = 1.0,
+    erc_low: float = 0.05,
+    erc_high: float = 0.05,
     loss_agg_mode: str = "token-mean",
-    num_tokens: Optional[Count] = None,
-    num_seqs: Optional[Count] = None,
-    entropies: Optional[torch.Tensor] = None,
-    old_entropies: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """Clipped policy-gradient loss (PPO / Clip-Higher / GPPO / CISPO), minimised.
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    entropies: torch.Tensor | None = None,
+    old_entropies: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped policy-gradient loss (PPO / Clip-Higher / GPPO / CISPO, optionally with ERC), minimised.
 
     Keyword form of :func:`compute_policy_loss`; the settings are checked by :class:`LossSettings`.
 
@@ -647,6 +764,11 @@ def policy_loss(
               (Eq. 15); ``F = clip(r)`` for every token whatever the sign of A (Eq. 16).
               Its value is a surrogate (it depends on ``log_prob`` itself) and is not
               comparable with the other modes' values.
+            * ``"ppo_erc"`` / ``"gppo_erc"``: ``ppo_clip`` / ``gppo`` with Entropy Ratio Clipping
+              (arXiv 2512.05591): same value; a token whose entropy ratio
+              ``rho = (H + 1e-8) / (H_old + 1e-8)`` is not in ``(1 - erc_low, 1 + erc_high)`` has
+              ``F = 0`` (its term is ``sg(l)``) and still counts in the divisor.  Need
+              ``entropies`` and ``old_entropies``.
 
             See the module docstring for the full gradient table.
         clip_ratio_low: eps_low, ``0 <= eps_low < 1``.
@@ -656,8 +778,11 @@ def policy_loss(
             zero gradient, in every loss mode (cispo included, see module docstring).
         beta1: gradient scale of low-side clipped tokens in ``gppo`` (Eq. 17), ``>= 0``.
             Must stay 1.0 for the other modes.
-        beta2: gradient scale of high-side clipped tokens in ``gppo`` and
-            ``gppo_only_high``, ``>= 0``.  Must stay 1.0 for the other modes.
+        beta2: gradient scale of high-side clipped tokens in ``gppo``, ``gppo_only_high`` and
+            ``gppo_erc``, ``>= 0``.  Must stay 1.0 for the other modes.
+        erc_low: ERC: tokens with ``rho <= 1 - erc_low`` get no gradient; ``0 < erc_low < 1``
+            (released: 0.05).  ``ppo_erc`` / ``gppo_erc`` only; must stay 0.05 for the other modes.
+        erc_high: ERC: tokens with ``rho >= 1 + erc_high`` get no gradient; ``> 0`` (released: 0.05).
         loss_agg_mode: one of ``LOSS_AGG_MODES``:
 
             * ``"token-mean"`` (Eq. 7, Klear): sum of all unmasked per-token losses of all
@@ -676,9 +801,10 @@ def policy_loss(
             1-element tensor; validating it forces one host sync.
         num_seqs: seq-mean modes only.  The same for the mean over responses: the number of
             responses with an unmasked token in the whole optimizer batch.
-        entropies: ``(B, T)`` per-token entropies of the current policy, for modes that need
-            them (none of the built-in ones); used as constants.
-        old_entropies: ``(B, T)`` per-token entropies of the rollout policy, likewise.
+        entropies: ``(B, T)`` float, per-token entropies (nats) of the current policy's next-token
+            distribution (temperature-scaled like ``log_prob``); needed by the ERC modes, used as
+            constants; any mode reports the entropy metrics below when they are given.
+        old_entropies: ``(B, T)`` float, the same for the rollout policy; needed by the ERC modes.
 
     Returns:
         ``(loss, metrics)``.  ``loss`` is a 0-dim tensor of dtype
@@ -700,6 +826,24 @@ def policy_loss(
         * ``ratio_mean``, ``ratio_max``, ``ratio_min``: of ``r`` (after the log-ratio
           clamp); 1.0 when there is no unmasked token.
 
+        With ``entropies`` (any mode; nats; 0 when there is no unmasked token):
+
+        * ``entropy_mean``: mean ``H`` of the unmasked tokens.
+        * ``entropy_share_clip_high`` / ``entropy_share_clip_low``: sum of ``H`` over the tokens
+          counted in ``clip_frac_high`` / ``clip_frac_low``, divided by the number of unmasked
+          tokens: each clip category's share of ``entropy_mean``.  Divided by ``clip_frac_high`` /
+          ``clip_frac_low`` it is that category's mean entropy (CE-GPPO's view).  A share, not a
+          mean, so that it averages over micro-batches and processes as the fractions do, even
+          where a micro-batch has no clipped token.
+
+        ERC modes only (over the unmasked tokens; not disjoint from the clip categories):
+
+        * ``erc_frac_high`` / ``erc_frac_low``: fraction with ``rho >= 1 + erc_high`` /
+          ``rho <= 1 - erc_low`` (no gradient).
+        * ``erc_frac``: fraction without gradient from ERC (the sum of the two, plus NaN ``rho``).
+        * ``entropy_ratio_mean``, ``entropy_ratio_max``, ``entropy_ratio_min``: of ``rho``; 1.0 when
+          there is no unmasked token.
+
         ``METRIC_REDUCTIONS`` says how each combines over processes.
 
     Raises:
@@ -709,12 +853,14 @@ def policy_loss(
             ``loss_mode`` / ``loss_agg_mode`` (lists the valid ones); mask values other
             than 0/1; ``clip_ratio_c <= 1``; negative or non-finite eps (or
             ``clip_ratio_low >= 1``); negative beta, or beta != 1 for a mode that does not
-            use it; ``num_tokens`` given with a seq-mean mode or ``num_seqs`` with
+            use it; ``erc_low`` not in ``(0, 1)``, ``erc_high <= 0``, or either away from 0.05
+            for a mode without ERC; ``num_tokens`` given with a seq-mean mode or ``num_seqs`` with
             token-mean; a count negative, or 0 while the batch has tokens; entropies a
             mode needs are missing.
     """
     settings = LossSettings(loss_mode=loss_mode, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
-                            clip_ratio_c=clip_ratio_c, beta1=beta1, beta2=beta2, loss_agg_mode=loss_agg_mode)
+                            clip_ratio_c=clip_ratio_c, beta1=beta1, beta2=beta2, erc_low=erc_low,
+                            erc_high=erc_high, loss_agg_mode=loss_agg_mode)
     if num_tokens is not None and settings.loss_agg_mode != "token-mean":
         raise ValueError(
             f"num_tokens only applies to loss_agg_mode='token-mean', got loss_agg_mode={loss_agg_mode!r}"
@@ -730,7 +876,7 @@ def sft_loss(
     log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     is_correct: torch.Tensor,
-    num_tokens: Optional[Count] = None,
+    num_tokens: Count | None = None,
 ) -> torch.Tensor:
     """Token-mean NLL on the rollout responses judged correct (Eq. 13, Sec. 3.2.3).
 
@@ -771,7 +917,7 @@ def sft_loss(
     return aggregate(per_tok, selected, "token-mean", num_tokens=num_tokens, what="tokens of correct responses")
 
 
-def total_loss(inputs: LossInputs, settings: LossSettings) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+def total_loss(inputs: LossInputs, settings: LossSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The RL stage's loss ``L = L_pg + alpha * L_LM`` (Eq. 14) on one (micro-)batch.
 
     ``L_pg`` is :func:`compute_policy_loss` (divided by ``inputs.num_tokens`` or ``inputs.num_seqs``),

@@ -111,8 +111,9 @@ class GPPOConfig(GRPOConfig):
     Raises:
         ValueError: any loss setting ``LossSettings`` rejects (unknown ``loss_mode``/``loss_agg_mode``, an
             out-of-range ``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``/``alpha``/``beta1``/
-            ``beta2``, a beta != 1 for a mode that does not use it), an unknown ``zero_adv_criterion``, or a
-            TRL option this trainer does not support (see the module docstring).
+            ``beta2``/``erc_low``/``erc_high``, a mode-specific setting away from its default for a mode that
+            does not use it), an unknown ``zero_adv_criterion``, or a TRL option this trainer does not support
+            (see the module docstring).
     """
 
     loss_mode: str = field(default="gppo", metadata={"help": f"Policy loss: one of {LOSS_MODES}."})
@@ -122,6 +123,10 @@ class GPPOConfig(GRPOConfig):
     beta1: float = field(default=1.0, metadata={"help": "General GPPO low-side gradient scale (Eq. 17); gppo only."})
     beta2: float = field(
         default=1.0, metadata={"help": "General GPPO high-side gradient scale (Eq. 17); gppo, gppo_only_high."})
+    erc_low: float = field(default=0.05, metadata={
+        "help": "ERC (arXiv 2512.05591): no gradient where H/H_old <= 1 - erc_low; ppo_erc, gppo_erc."})
+    erc_high: float = field(default=0.05, metadata={
+        "help": "ERC: no gradient where H/H_old >= 1 + erc_high; ppo_erc, gppo_erc."})
     loss_agg_mode: str = field(default="token-mean", metadata={"help": f"One of {LOSS_AGG_MODES}."})
     alpha: float = field(default=0.1, metadata={"help": "Weight of the SFT loss on correct rollouts (Eq. 14)."})
     correct_reward: float = field(default=1.0, metadata={"help": "A response is correct when its reward reaches this."})
@@ -307,7 +312,9 @@ class GPPOTrainer(GRPOTrainer):
     Metrics added to TRL's (prefix ``klear/``): ``accuracy``, ``zero_adv_group_frac``,
     ``filtered_sample_frac``, ``truncated_frac``, ``num_loss_tokens``, ``num_sft_tokens``, and every metric of
     :func:`klear.rl.losses.total_loss` (``policy_loss``, ``sft_loss``, ``clip_frac``, ``clip_frac_high``,
-    ``clip_frac_low``, ``dual_clip_frac``, ``ppo_kl``, ``ratio_mean``, ``ratio_max``, ``ratio_min``);
+    ``clip_frac_low``, ``dual_clip_frac``, ``ppo_kl``, ``ratio_mean``, ``ratio_max``, ``ratio_min``,
+    ``entropy_mean``, ``entropy_share_clip_high``, ``entropy_share_clip_low``; the ERC modes add ``erc_frac``,
+    ``erc_frac_high``, ``erc_frac_low``, ``entropy_ratio_mean``, ``entropy_ratio_max``, ``entropy_ratio_min``);
     ``entropy`` (mean over completion tokens) is logged under TRL's name; TRL logs ``reward``, ``grad_norm``,
     ``completions/mean_length``, ``step_time``.
 
@@ -560,7 +567,7 @@ class GPPOTrainer(GRPOTrainer):
             old_log_prob=old_log_prob,
             advantages=inputs["advantages"],
             response_mask=self._loss_mask(inputs),
-            entropies=entropies if settings.mode.needs_entropies else None,
+            entropies=entropies,  # read by the modes that need them; the entropy metrics for every mode
             old_entropies=old_entropies if settings.mode.needs_old_entropies else None,
             is_correct=inputs["klear_is_correct"],
             # The exact counts of this optimizer step (all micro-batches, all processes); None: this micro-batch's.

@@ -15,6 +15,7 @@ RL_PANELS: list[tuple[str, tuple[str, ...]]] = [
     ("accuracy", ("klear/accuracy",)),
     ("clip fraction", ("klear/clip_frac_high", "klear/clip_frac_low")),
     ("entropy", ("entropy",)),
+    ("entropy ratio clipping (ERC)", ("klear/erc_frac_high", "klear/erc_frac_low")),
     ("grad norm", ("grad_norm",)),
     ("SFT loss", ("klear/sft_loss",)),
     ("policy loss", ("klear/policy_loss",)),
@@ -78,7 +79,8 @@ def plot_training_curves(metrics_jsonl: str | os.PathLike, out_png: str | os.Pat
     One subplot per metric group (``panels``, default :data:`RL_PANELS`) present in the file. The RL
     groups, in order: reward (``reward``),
     accuracy (``klear/accuracy``), clip fractions (``klear/clip_frac_high`` and
-    ``klear/clip_frac_low`` together), entropy (``entropy``), grad norm (``grad_norm``), SFT
+    ``klear/clip_frac_low`` together), entropy (``entropy``), the ERC masked fractions
+    (``klear/erc_frac_high`` and ``klear/erc_frac_low``), grad norm (``grad_norm``), SFT
     loss (``klear/sft_loss``), policy loss (``klear/policy_loss``) and mean completion length
     (``completions/mean_length``). Absent groups are skipped. x axis = ``step``.
 
