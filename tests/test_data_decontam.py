@@ -1,4 +1,4 @@
-"""klear data decontaminate: word n-gram decontamination (spec Sec. 5) and its tokenisation."""
+"""klear data decontaminate: word n-gram decontamination (paper Sec. 3.1, 4.1) and its tokenisation."""
 
 import json
 import random
@@ -236,7 +236,7 @@ def test_byte_ranges_cover_every_line_once(tmp_path):
     from klear.data.io import read_line_range
 
     rng = random.Random(3)
-    for trial in range(30):
+    for _ in range(30):
         lines = ["x" * rng.randint(0, 12) for _ in range(rng.randint(0, 15))]
         text = "\n".join(lines) + ("\n" if rng.random() < 0.5 else "")
         path = tmp_path / "f.jsonl"

@@ -1,4 +1,4 @@
-"""klear data dedup: exact duplicates after NFKC / casefold / whitespace normalisation (spec Sec. 5)."""
+"""klear data dedup: exact duplicates after NFKC / casefold / whitespace normalisation (paper Sec. 3.1)."""
 
 import json
 

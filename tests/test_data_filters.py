@@ -1,4 +1,5 @@
-"""klear data filter: min-tests, pass-at-k, majority, difficulty, sft-correct, top-sources (spec Sec. 4, 5)."""
+"""klear data filter: min-tests, pass-at-k, majority, difficulty, sft-correct, top-sources
+(paper Sec. 3.2.1, 5.1, 5.2.4)."""
 
 import json
 from math import comb

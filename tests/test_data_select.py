@@ -1,4 +1,4 @@
-"""klear data select: K-Center Greedy on embeddings (spec Sec. 5)."""
+"""klear data select: K-Center Greedy on embeddings (paper Sec. 5.1.1)."""
 
 import json
 import math

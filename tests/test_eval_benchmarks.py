@@ -96,7 +96,8 @@ def test_custom_fields_dotted_paths_and_template(tmp_path):
 
 
 def test_default_template_is_the_r1_wording():
-    assert DEFAULT_MATH_TEMPLATE == "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+    assert DEFAULT_MATH_TEMPLATE == ("{problem}\n\nPlease reason step by step, and put your final answer "
+                                     "within \\boxed{}.")
 
 
 @pytest.mark.parametrize("content,needle", [
@@ -105,7 +106,8 @@ def test_default_template_is_the_r1_wording():
     ('{"problem": "x", "answer": "1"}\n{"problem": "y"}\n', ": row 1: no answer"),
     ('{"problem": "x", "answer": "1"}\n{"answer": "2"}\n', ": row 1: no prompt"),
     ('{"messages": [{"role": "user"}], "answer": "1"}\n', ": row 0: messages[0]"),
-    ('{"id": 1, "problem": "x", "answer": "1"}\n{"id": 1, "problem": "y", "answer": "2"}\n', ": row 1: duplicate problem id"),
+    ('{"id": 1, "problem": "x", "answer": "1"}\n{"id": 1, "problem": "y", "answer": "2"}\n',
+     ": row 1: duplicate problem id"),
 ])
 def test_malformed_benchmark_lines_name_file_and_line(tmp_path, content, needle):
     f = tmp_path / "bad.jsonl"

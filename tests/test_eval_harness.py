@@ -83,9 +83,12 @@ def test_judge_only_with_benchmark_lookup_and_errors(tmp_path):
 
 
 @pytest.mark.parametrize("content,needle", [
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": \n', ": line 2 (row 1): invalid JSON"),
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "answer": "1"}\n', ": row 1: no response"),
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"response": "x", "answer": "1"}\n', ": row 1: no problem id"),
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": \n',
+     ": line 2 (row 1): invalid JSON"),
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "answer": "1"}\n',
+     ": row 1: no response"),
+    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"response": "x", "answer": "1"}\n',
+     ": row 1: no problem id"),
     ('{"problem_id": "a", "response": "x"}\n', ": row 0: no ground truth"),
     ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": "y", "answer": "2"}\n',
      ": row 1: problem 'a' has a different ground truth"),
@@ -107,7 +110,8 @@ class FakeBackend:
     name = "fake"
 
     def __init__(self, answers, chunk_size=4, crash_after=None):
-        self.answers, self.chunk_size, self.crash_after, self.calls, self.generated = answers, chunk_size, crash_after, 0, []
+        self.answers, self.chunk_size, self.crash_after = answers, chunk_size, crash_after
+        self.calls, self.generated = 0, []
 
     def generate(self, requests, sampling, progress=None):
         if self.crash_after is not None and self.calls >= self.crash_after:

@@ -127,7 +127,8 @@ def test_shipped_recipes_are_valid():
         validate_job_config(cfg, str(path))
     paper, _ = load_config("rl_math_klear")
     t = paper["trainer"]
-    # spec Sec. 6 numbers
+    # paper Sec. 4.1 (LR, alpha, eps_high, 8 responses, 32K, mini-batch 16); the authors' scripts (warm-up,
+    # weight decay, dual clip c)
     assert t["learning_rate"] == 1e-6 and t["warmup_steps"] == 10 and t["weight_decay"] == 0.1
     assert (t["clip_ratio_low"], t["clip_ratio_high"], t["clip_ratio_c"], t["alpha"]) == (0.2, 0.28, 10.0, 0.1)
     assert t["num_generations"] == 8 and t["max_completion_length"] == 32768 and t["loss_mode"] == "gppo"

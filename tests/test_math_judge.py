@@ -15,12 +15,11 @@ from math import factorial
 
 import pytest
 
+from conftest import shared_file
 from klear.rewards import compute_score, math_score_batch, math_score_batch_detailed, math_score_detailed
 from klear.rewards.code_reward import extract_code
 from klear.rewards.math_reward import NUMERIC_REL_TOL
 from klear.rewards.think_format import answer_region, requires_think
-
-from conftest import shared_file
 
 getcontext().prec = 60
 

@@ -198,7 +198,6 @@ def test_rl_job_on_cpu_resolves_to_float32(tmp_path, tiny_ckpt, parity_reward, c
 
 def test_klear_eval_refuses_bf16_on_cpu_before_loading(tmp_path, capsys):
     from conftest import shared_file
-
     from klear.cli import main
 
     bench = shared_file("math", "aime24.qs.jsonl")

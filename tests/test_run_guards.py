@@ -188,9 +188,11 @@ def test_the_filter_is_narrow():
         for old, new in (("gradient_checkpointing", "activation_checkpointing"),
                          ("is_gradient_checkpointing", "is_activation_checkpointing"),
                          ("gradient_checkpointing_enable", "activation_checkpointing_enable")):
-            warnings.warn(f"`{old}` is deprecated and will be removed in v6. Use `{new}` instead.", FutureWarning)
+            warnings.warn(f"`{old}` is deprecated and will be removed in v6. Use `{new}` instead.", FutureWarning,
+                          stacklevel=1)
         warnings.warn("`gradient_checkpointing` is deprecated and will be removed in v6. Use "
-                      "`activation_checkpointing` instead.", UserWarning)  # another category: kept
-        warnings.warn("`use_cache` is deprecated and will be removed in v6.", FutureWarning)  # another message: kept
+                      "`activation_checkpointing` instead.", UserWarning, stacklevel=1)  # another category: kept
+        # another message: kept
+        warnings.warn("`use_cache` is deprecated and will be removed in v6.", FutureWarning, stacklevel=1)
     assert [(w.category, str(w.message)[:13]) for w in record] == [(UserWarning, "`gradient_che"),
                                                                     (FutureWarning, "`use_cache` i")]

@@ -18,6 +18,7 @@ _SUBCOMMAND_MODULES: list[str] = [
     "klear.sft.cli",  # (klear sft)
     "klear.eval.cli",  # (klear eval)
     "klear.data.cli",  # (klear data)
+    "klear.experiment.cli",  # (klear experiment)
 ]
 
 
@@ -32,7 +33,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line (``klear eval: error: ... (see
     klear eval --help)``) instead of the whole usage block; sub-parsers inherit the class."""
 
-    def error(self, message: str):  # noqa: D102
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -4,8 +4,8 @@ A recipe is a YAML mapping. ``load_config(path, overrides)`` reads it and applie
 form ``a.b.c=value`` (the value is parsed as YAML, so ``3``, ``1e-6``, ``true``, ``null`` and
 ``[1, 2]`` get their natural types). Recipes and overrides are read with YAML 1.2 booleans: only
 ``true`` / ``false`` are booleans, so ``save_strategy=no`` or ``on`` stay the strings TRL expects
-(PyYAML's YAML 1.1 default turns ``yes/no/on/off/y/n`` into booleans). Unknown keys are caught by the code that consumes each
-section, which names the file and the key.
+(PyYAML's YAML 1.1 default turns ``yes/no/on/off/y/n`` into booleans). Unknown keys are caught by the code that
+consumes each section, which names the file and the key.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _Yaml12BoolLoader.add_implicit_resolver(
 
 def load_yaml(text: str) -> Any:
     """Parse YAML text the way every recipe and override is read (YAML 1.2 booleans)."""
-    return yaml.load(text, Loader=_Yaml12BoolLoader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_Yaml12BoolLoader)  # a SafeLoader subclass
 
 
 def yaml_error_line(e: yaml.YAMLError) -> str:

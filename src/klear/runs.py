@@ -33,7 +33,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -41,11 +41,12 @@ from klear.precision import Precision
 
 __all__ = ["AUTO_FIELDS", "EVAL_KEYS", "RunDir", "RunSetup", "check_checkpoint_model", "check_eval_section",
            "check_int", "check_prompt_context", "check_section_keys", "check_trainer_section", "eval_settings",
-           "finish_run", "format_paired", "heldout_eval", "is_main_process", "prepare_run", "resolve_resume", "run_command", "add_run_arguments",
-           "silence_checkpointing_deprecations", "start_run"]
+           "finish_run", "format_paired", "heldout_eval", "is_main_process", "prepare_run", "resolve_resume",
+           "run_command", "add_run_arguments", "silence_checkpointing_deprecations", "start_run"]
 
-#: Keys of a recipe's ``eval`` section (held-out evaluation before/after training).
-EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size", "n_samples", "temperature"}
+#: Keys of a recipe's ``eval`` section (held-out evaluation before/after training; ``every_steps``: also every
+#: K optimizer steps, ``klear rl`` only, see :mod:`klear.rl.periodic_eval`).
+EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size", "n_samples", "temperature", "every_steps"}
 
 # Trainer fields that may be ``auto`` (resolved by klear.precision.resolve_trainer_precision).
 AUTO_FIELDS = ("bf16", "gradient_checkpointing")
@@ -101,7 +102,7 @@ def check_trainer_section(trainer: Any, config_cls: type, source: str) -> None:
             raise ValueError(f"{source}: trainer.{key}={value!r} must be true or false")
 
 
-def resolve_resume(output_dir: Path, resume: bool | str) -> str | bool:
+def resolve_resume(output_dir: Path, resume: bool | str) -> str | Literal[False]:
     """``resume`` as a checkpoint path (``True``: the latest in ``output_dir/checkpoints``), or ``False``.
 
     Raises:
@@ -324,6 +325,7 @@ def heldout_eval(model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: P
             path.write_text(json.dumps(result, indent=1))
     if PartialState().num_processes > 1:
         result = broadcast_object_list([result])[0]
+    assert result is not None  # evaluated here (main process) or received from the main process
     return result
 
 
@@ -331,12 +333,13 @@ def check_eval_section(config: dict[str, Any], source: str) -> None:
     """Check a recipe's ``eval`` section (keys :data:`EVAL_KEYS`).
 
     Raises:
-        ValueError: an unknown key, a non-integer or < 1 ``max_new_tokens``/``batch_size``/``n_samples``,
-            a negative ``temperature``, ``n_samples > 1`` with greedy decoding, or a non-bool ``enabled``.
+        ValueError: an unknown key, a non-integer or < 1 ``max_new_tokens``/``batch_size``/``n_samples``/
+            ``every_steps``, a negative ``temperature``, ``n_samples > 1`` with greedy decoding, or a non-bool
+            ``enabled``.
     """
     section = config.get("eval") or {}
     check_section_keys(section, EVAL_KEYS, "'eval'", source)
-    for key in ("max_new_tokens", "batch_size", "n_samples"):
+    for key in ("max_new_tokens", "batch_size", "n_samples", "every_steps"):
         if key in section:
             check_int(source, f"eval.{key}", section[key], 1)
     temperature = section.get("temperature", 0.0)
@@ -366,7 +369,7 @@ class RunSetup:
     """
 
     out: Path
-    resume: str | bool
+    resume: str | Literal[False]
     seed: int
     trainer_cfg: dict[str, Any]
     precision: Precision

@@ -1,19 +1,8 @@
-"""``klear data ...``: data curation commands (spec Sec. 4, 5).
+"""``klear data ...``: data curation commands (paper Sec. 3.1, 3.2.1, 4.1, 5.1 and 5.2.4).
 
-::
-
-    klear data dedup IN OUT [--by text|conversation] [--text-field F]
-    klear data decontaminate IN OUT --against FILE [FILE ...] [--n 9] [--text-field F] [--workers W]
-    klear data filter min-tests IN OUT [--min 16] [--tests-field F]
-    klear data filter pass-at-k IN OUT --samples S [--k 16] [--threshold 0.5]
-    klear data filter majority IN OUT --samples S [--min-fraction 0.5]
-    klear data filter difficulty IN OUT --samples S [--easy-min 0.5] [--hard-below 0.5]
-    klear data filter sft-correct IN OUT [--mixed-for hard] [--judge]
-    klear data filter top-sources IN OUT --ranking FILE [--k 1] [--source-field data_source]
-    klear data select IN OUT --method kcenter --k N [--embedding auto|minilm|hashing] [--seed 0]
-
-Every command prints ``N rows in, M rows out, R removed (reason: count, ...)`` and writes
-``OUT.report.json`` (and ``OUT.removed.jsonl`` listing each removed row with its reason).
+The commands and their options are listed by ``klear data --help`` (user guide: the README's
+``klear data`` section). Every command prints ``N rows in, M rows out, R removed (reason: count, ...)``
+and writes ``OUT.report.json`` (and ``OUT.removed.jsonl`` listing each removed row with its reason).
 """
 
 from __future__ import annotations

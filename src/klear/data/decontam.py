@@ -1,5 +1,5 @@
-"""n-gram decontamination against evaluation benchmarks (spec Sec. 5: "drop any training
-prompt that shares a word 9-gram with any evaluation problem").
+"""n-gram decontamination against evaluation benchmarks (paper Sec. 3.1 and 4.1: "9-gram filtering to
+remove data contaminated with evaluation sets").
 
 Rule
 ----
@@ -53,15 +53,14 @@ import tempfile
 import time
 from bisect import bisect_right
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from klear.data.prompts import DEFAULT_INSTRUCTION
 from klear.data.io import (
     RemovedLog,
     RowWriter,
@@ -76,6 +75,7 @@ from klear.data.io import (
     row_id,
     write_report,
 )
+from klear.data.prompts import DEFAULT_INSTRUCTION
 from klear.data.text import ngram_tokens, normalize_for_ngrams, row_text
 
 logger = logging.getLogger(__name__)
@@ -135,8 +135,8 @@ def _token_hashes(buf: bytes, raw: bytes, starts: np.ndarray, lengths: np.ndarra
     """64-bit hash of each token's UTF-8 bytes ``raw[start:start + length]``.
 
     ``h = length * C``; then for each 8-byte little-endian word w of the token (the last one
-    zero-filled): ``h = (h ^ w) * C mod 2^64``. ``buf`` is ``raw`` followed by 8 zero bytes. Words are gathered for all tokens at once; tokens longer than 64 bytes finish in
-    Python (same arithmetic).
+    zero-filled): ``h = (h ^ w) * C mod 2^64``. ``buf`` is ``raw`` followed by 8 zero bytes. Words are gathered
+    for all tokens at once; tokens longer than 64 bytes finish in Python (same arithmetic).
     """
     h = lengths.astype(np.uint64) * _C
     if not len(starts):
@@ -254,6 +254,7 @@ def _window_hashes(values: np.ndarray, n: int) -> np.ndarray:
             res *= _pow(k)
             res += arr[covered:covered + w]
         covered += k
+    assert res is not None  # n >= 1 (checked by NgramIndex), so blocks is not empty
     return res
 
 
@@ -261,7 +262,7 @@ class NgramIndex:
     """The benchmark side: every n-gram and every short problem of the evaluation files.
 
     Args:
-        n: n-gram length in tokens (>= 1; spec: 9).
+        n: n-gram length in tokens (>= 1; the paper's 9, Sec. 4.1).
         ignore_phrases: phrases removed from TRAINING texts before the exact comparison.
 
     Raises:
@@ -426,7 +427,8 @@ class NgramIndex:
             for r, p in first.items():
                 doc = int(np.searchsorted(self.doc_starts, p, side="right") - 1)
                 bench, pid = self.docs[doc]
-                out[r] = Hit("ngram", bench, pid, " ".join(self.tokens[p:p + n]), counts[r])
+                phrase = cast("list[str]", self.tokens[p:p + n])  # a matched window holds no None separator
+                out[r] = Hit("ngram", bench, pid, " ".join(phrase), counts[r])
 
         # exact copies (the only rule for texts shorter than n)
         if self.exact:
@@ -435,9 +437,9 @@ class NgramIndex:
                 if out[r] is not None:
                     continue
                 key = self._strip_phrases([tok(i) for i in range(row_first[r], row_end[r])])
-                doc = self.exact.get(key)
-                if doc is not None:
-                    bench, pid = self.docs[doc]
+                exact_doc = self.exact.get(key)
+                if exact_doc is not None:
+                    bench, pid = self.docs[exact_doc]
                     out[r] = Hit("exact", bench, pid, " ".join(key), 1)
         return out
 
@@ -451,7 +453,8 @@ class NgramIndex:
 _WORKER_INDEX: NgramIndex | None = None
 
 
-_SCAN_JSON = json.JSONDecoder().scan_once
+# set in JSONDecoder.__init__ (json.scanner.make_scanner), not declared in typeshed
+_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _ROW_MARK = re.compile("\x00([RL])(\\d+)\x00")
 
 
@@ -472,11 +475,11 @@ def _run_job(index: NgramIndex, job: tuple) -> tuple:
     part = None
     if job[0] == "range":
         _, path, text_field, start, end, part = job
-        data = read_line_range(path, start, end)
+        blob = read_line_range(path, start, end)
         try:
-            text = data.decode("utf-8")
+            text = blob.decode("utf-8")
         except UnicodeDecodeError as exc:
-            lineno = data.count(b"\n", 0, exc.start)
+            lineno = blob.count(b"\n", 0, exc.start)
             return "error", f"{path}: line \x00L{lineno}\x00: not valid UTF-8 ({exc.reason})"
         lines: list[str] = text.split("\n")[:-1] if text else []
     else:
@@ -568,13 +571,13 @@ def decontaminate_file(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """``klear data decontaminate``: copy ``inp`` to ``out`` without the contaminated rows
-    (spec Sec. 5; rule in the module docstring). Streams the input.
+    (paper Sec. 3.1, 4.1; rule in the module docstring). Streams the input.
 
     Args:
         inp: training rows (.jsonl/.json/.parquet); text by the default rule or ``text_field``.
         out: kept rows (.jsonl/.parquet), plus ``out.report.json`` and ``out.removed.jsonl``.
         against: benchmark files (text by the default rule or ``against_text_field``).
-        n: n-gram length (spec: 9).
+        n: n-gram length (the paper's 9, Sec. 4.1).
         ignore_phrases: phrases removed from training texts before the exact comparison.
         workers: processes that match batches (default: usable cores, at most 8; 1 = in-process).
         batch_size: rows per batch.
@@ -671,7 +674,7 @@ def decontaminate_file(
                 if pool is not None:
                     parts = Path(tempfile.mkdtemp(prefix=f".{out.name}.parts-", dir=out.parent))
                 for i, start in enumerate(range(0, size, _BLOCK_BYTES)):
-                    part = str(parts / f"{i}.jsonl") if pool is not None else None
+                    part = str(parts / f"{i}.jsonl") if parts is not None else None
                     submit(None, ("range", str(inp), text_field, start, min(start + _BLOCK_BYTES, size), part))
             elif fast:
                 for lines in iter_jsonl_chunks(inp, batch_size):

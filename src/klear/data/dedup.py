@@ -1,4 +1,4 @@
-"""Exact deduplication of prompts (spec Sec. 5: "Exact deduplication of prompts").
+"""Exact deduplication of prompts (paper Sec. 3.1: exact-match removal of duplicate queries).
 
 Two rows are duplicates when their keys are equal after :func:`klear.data.text.normalize_for_dedup`
 (Unicode NFKC, casefold, whitespace runs collapsed, ends stripped). The first row is kept; every

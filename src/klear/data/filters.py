@@ -1,13 +1,13 @@
-"""Data filters of the Klear-Reasoner recipe (spec Sec. 4 and 5), each one ``klear data filter RULE``.
+"""Data filters of the Klear-Reasoner recipe (paper Sec. 3.1, 3.2.1, 5.1, 5.2.4), each one ``klear data filter RULE``.
 
 ================  ==========================================================================
 rule              keeps a row when
 ================  ==========================================================================
-``min-tests``     its problem has at least ``min_tests`` test cases (spec Sec. 4: 16).
+``min-tests``     its problem has at least ``min_tests`` test cases (paper Sec. 5.2.4: 16).
 ``pass-at-k``     the teacher's unbiased pass@k on its problem (from a samples file) is
-                  strictly greater than ``threshold`` (spec Sec. 4: pass@16 > 0.5, code).
+                  strictly greater than ``threshold`` (paper Sec. 5.2.4: pass@16 > 0.5, code).
 ``majority``      strictly more than ``min_fraction`` of its teacher samples are correct
-                  (spec Sec. 5: a majority of 16 samples verify, math).
+                  (paper Sec. 3.2.1: a majority of 16 samples verify, math).
 ``difficulty``    always (it LABELS rows): pass rate >= ``easy_min`` -> ``easy``, pass rate
                   < ``hard_below`` -> ``hard``, else ``medium``; writes the label and the rate.
 ``sft-correct``   Table 2 policy: a response to an ``easy`` (or ``medium``) prompt is kept
@@ -59,8 +59,8 @@ from typing import Any
 from klear.data.difficulty import DIFFICULTY_LABELS, check_labels, difficulty_label, keep_response
 from klear.data.io import DEFAULT_ID_FIELDS, Record, iter_batches, row_id
 from klear.data.pipeline import Drop, run_rows, where
-from klear.rewards.correctness import is_correct
 from klear.data.text import dedup_digest, get_path, row_text, short_repr
+from klear.rewards.correctness import is_correct
 
 logger = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ def count_tests(value: Any, wh: str, field: str) -> int:
 def filter_min_tests(inp, out, *, min_tests: int = 16, tests_field: str | None = None,
                      progress: bool = True, quiet: bool = False) -> dict[str, Any]:
     """``klear data filter min-tests``: keep problems with at least ``min_tests`` test cases
-    (spec Sec. 4: drop code problems with fewer than 16).
+    (paper Sec. 5.2.4: drop code problems with fewer than 16).
 
     Args:
         inp, out: files; tests_field: dotted field with the tests (default: module docstring).
@@ -368,7 +368,7 @@ def filter_pass_at_k(inp, out, samples, *, k: int = 16, threshold: float = 0.5, 
                      id_field=None, sample_id_field=None, text_field: str | None = None, missing: str = "drop",
                      judge_workers: int | None = None, progress: bool = True, quiet: bool = False) -> dict[str, Any]:
     """``klear data filter pass-at-k``: keep problems whose teacher pass@k is > ``threshold``
-    (spec Sec. 4: pass@16 > 0.5 removes code problems with broken tests).
+    (paper Sec. 5.2.4: pass@16 > 0.5 removes code problems with broken tests).
 
     Args:
         inp, out: files; samples: the teacher samples file (module docstring).
@@ -419,7 +419,7 @@ def filter_majority(inp, out, samples, *, min_fraction: float = 0.5, min_samples
                     missing: str = "drop", judge_workers: int | None = None, progress: bool = True,
                     quiet: bool = False) -> dict[str, Any]:
     """``klear data filter majority``: keep prompts where strictly more than ``min_fraction`` of the
-    teacher samples are correct (spec Sec. 5: a majority of 16 samples pass the rule-based
+    teacher samples are correct (paper Sec. 3.2.1: a majority of 16 samples pass the rule-based
     validator; removes wrong answers and OCR noise in math data).
 
     Args:
@@ -473,8 +473,8 @@ def label_difficulty(inp, out, samples, *, easy_min: float = 0.5, hard_below: fl
                      missing: str = "drop", judge_workers: int | None = None, progress: bool = True,
                      quiet: bool = False) -> dict[str, Any]:
     """``klear data filter difficulty``: label each row ``easy`` / ``medium`` / ``hard`` from the
-    teacher pass rate c / n of its problem (spec Sec. 5: "difficulty is labelled from a model's
-    pass rate"; Table 2).
+    teacher pass rate c / n of its problem (paper Sec. 3.1 labels difficulty from Qwen3-8B's answers;
+    Sec. 5.1.1, Table 2).
 
     Args:
         easy_min: pass rate >= easy_min -> ``easy``; hard_below: pass rate < hard_below -> ``hard``;
@@ -539,7 +539,7 @@ def filter_sft_correctness(inp, out, *, mixed_for: Sequence[str] = ("hard",), di
                            judge_workers: int | None = None, progress: bool = True,
                            quiet: bool = False) -> dict[str, Any]:
     """``klear data filter sft-correct``: the difficulty-dependent correctness policy of Table 2
-    (spec Sec. 5): for prompts labelled ``easy`` keep only correct responses; for ``hard`` prompts
+    (paper Sec. 5.1.1): for prompts labelled ``easy`` keep only correct responses; for ``hard`` prompts
     keep every response (mixed correct and incorrect data helps there). ``medium`` follows
     ``easy`` unless listed in ``mixed_for``.
 
@@ -656,7 +656,7 @@ def filter_top_sources(inp, out, ranking: str | os.PathLike | Sequence[str], *, 
                        source_field: str = "data_source", progress: bool = True,
                        quiet: bool = False) -> dict[str, Any]:
     """``klear data filter top-sources``: keep rows from the ``k`` best sources of a quality ranking
-    (spec Sec. 5, Tables 4 and 5: few high-quality sources beat many).
+    (paper Sec. 5.1.3, Tables 4 and 5: few high-quality sources beat many).
 
     Args:
         ranking: a ranking file (:func:`read_ranking`) or a list of sources, best first.

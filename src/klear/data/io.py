@@ -34,7 +34,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import chain, islice
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ class Record:
     def load(self, path: str | os.PathLike) -> dict:
         """The parsed row (parses a deferred JSONL line once; errors name the file and row)."""
         if self.data is None:
+            assert self.raw is not None  # a deferred row always has its line
             self.data = parse_line(path, self.row, self.lineno, self.raw)
         return self.data
 
@@ -288,7 +289,7 @@ def _parquet_batches(path: Path, batch_size: int) -> Iterator[list[Record]]:
     try:
         pf = pq.ParquetFile(path)
         it = pf.iter_batches(batch_size=batch_size)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
+    except Exception as exc:  # pyarrow raises several types
         raise ValueError(f"{path}: not a readable parquet file: {exc}") from exc
     row = 0
     while True:
@@ -296,7 +297,7 @@ def _parquet_batches(path: Path, batch_size: int) -> Iterator[list[Record]]:
             rb = next(it)
         except StopIteration:
             return
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise ValueError(f"{path}: not a readable parquet file (after row {row}): {exc}") from exc
         rows = rb.to_pylist()
         yield [Record(row + i, d) for i, d in enumerate(rows)]
@@ -325,7 +326,7 @@ def count_rows(path: str | os.PathLike) -> int | None:
 
         try:
             return pq.ParquetFile(path).metadata.num_rows
-        except Exception:  # noqa: BLE001
+        except Exception:
             return None
     return None
 
@@ -352,8 +353,8 @@ class RowWriter:
         self.tmp = _tmp(self.path)
         self.count = 0
         self._schema = schema
-        self._writer = None
-        self._buffer: list[dict] = []
+        self._writer: Any = None
+        self._buffer: list[Any] = []
         self._batch_size = batch_size
         self._first_row_in_buffer = 0
         if self.kind == "jsonl":
@@ -372,7 +373,11 @@ class RowWriter:
             self._fh.write((line + "\n").encode("utf-8", "surrogatepass"))
             return
         if isinstance(rec, Record):
-            self._buffer.append(rec.data if rec.data is not None else json.loads(rec.raw))
+            if rec.data is None:
+                assert rec.raw is not None  # a row not parsed yet always has its line
+                self._buffer.append(json.loads(rec.raw))
+            else:
+                self._buffer.append(rec.data)
         else:
             self._buffer.append(rec)
         if len(self._buffer) >= self._batch_size:
@@ -401,7 +406,7 @@ class RowWriter:
         first, last = self._first_row_in_buffer, self._first_row_in_buffer + len(self._buffer) - 1
         try:
             table = pa.Table.from_pylist(self._buffer, schema=self._schema)
-        except Exception as exc:  # noqa: BLE001 - arrow type conflicts
+        except Exception as exc:  # arrow type conflicts
             raise ValueError(f"{self.path}: output rows {first}-{last} do not fit the parquet schema of the "
                              f"earlier rows ({exc}); write .jsonl instead") from exc
         if self._writer is None:
@@ -466,7 +471,7 @@ class RemovedLog:
         self.path = removed_path(out)
         self.tmp = _tmp(self.path)
         self.counts: Counter[str] = Counter()
-        self._fh = None
+        self._fh: Any = None
         self.path.unlink(missing_ok=True)  # never leave a stale list from an earlier run
 
     def add(self, row: int, reason: str, row_id: Any = None, **detail: Any) -> None:

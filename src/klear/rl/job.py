@@ -9,13 +9,16 @@ Run directory layout (``output_dir``)::
     eval_before.json       held-out greedy accuracy of the starting model (per-problem results)
     eval_after.json        the same for the trained model
     eval.json              the paired comparison: accuracies, mean difference, 95% interval, McNemar p
+    heldout_curve.jsonl    held-out accuracy at step 0, every eval.every_steps steps and the last step
+                           (klear.rl.periodic_eval); heldout/step_<N>.json: those evaluations in full
     training_curves.png    reward, accuracy, clip fractions, entropy, grad norm vs step
     final/                 the trained model and tokenizer
 
 Recipe sections: ``model`` (a path, a hub id, or ``embedded``), ``output_dir``, ``seed``, ``data``
 (``train``/``heldout`` sources, reasoning-gym ``tasks``, sizes), ``eval`` (held-out decoding) and
 ``trainer`` (every field of :class:`klear.rl.trainer.GPPOConfig`, i.e. TRL's ``GRPOConfig`` plus the
-Klear settings). See ``configs/rl_demo.yaml`` and ``configs/rl_math_klear.yaml``.
+Klear settings) and ``trainer_impl`` (``klear``, default, or ``trl_grpo``: plain TRL ``GRPOTrainer`` as
+the peer arm, :mod:`klear.rl.trl_peer`). See ``configs/rl_demo.yaml`` and ``configs/rl_math_klear.yaml``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "reward"}
+_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "reward", "trainer_impl"}
+# trainer_impl: "klear" (GPPOTrainer) or "trl_grpo" (plain TRL GRPOTrainer, klear.rl.trl_peer)
+TRAINER_IMPLS = ("klear", "trl_grpo")
 _DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "data_source", "instruction", "system_prompt",
               "few_shot"}
 # scorer options passed to klear.rewards.compute_scores (math reads require_think and timeout_s;
@@ -71,7 +76,15 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
                          ("max_completion_length", 1)):
         if config["trainer"].get(key) is not None:
             _int(f"trainer.{key}", config["trainer"][key], minimum)
-    check_trainer_section(config["trainer"], GPPOConfig, source)
+    impl = config.get("trainer_impl", "klear")
+    if impl not in TRAINER_IMPLS:
+        raise ValueError(f"{source}: trainer_impl={impl!r} must be one of {TRAINER_IMPLS}")
+    if impl == "trl_grpo":
+        from klear.rl.trl_peer import TRLPeerConfig, peer_trainer_section
+
+        check_trainer_section(peer_trainer_section(config["trainer"], source), TRLPeerConfig, source)
+    else:
+        check_trainer_section(config["trainer"], GPPOConfig, source)
 
 
 def _build_datasets(data: dict[str, Any], seed: int):
@@ -120,7 +133,8 @@ def _question_texts(dataset) -> list[str]:
     return [p[-1]["content"] for p in dataset["prompt"]]
 
 
-def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:
+def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str = False,
+           callbacks: list | None = None) -> dict[str, Any]:
     """Run the RL job described by ``config`` (see the module docstring). Returns the ``eval.json`` content.
 
     Args:
@@ -128,6 +142,7 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
         source: where it came from, for error messages.
         resume: ``False``; ``True`` to continue from the latest checkpoint in ``output_dir/checkpoints``;
             or a checkpoint path.
+        callbacks: extra ``TrainerCallback`` objects (e.g. a progress bar).
 
     Raises:
         ValueError: an invalid recipe (see :func:`validate_job_config`) or dataset.
@@ -139,12 +154,19 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
 
     from klear.eval.heldout import paired_difference
     from klear.rl.callbacks import MetricsJsonlCallback
+    from klear.rl.periodic_eval import HeldoutCurveCallback
     from klear.rl.reward_fn import make_klear_reward
     from klear.rl.trainer import GPPOConfig, GPPOTrainer
     from klear.runs import check_prompt_context, eval_settings, finish_run, heldout_eval, prepare_run, start_run
     from klear.utils.plotting import RL_PANELS
 
-    setup = prepare_run(config, source=source, resume=resume, config_cls=GPPOConfig)
+    config_cls, trainer_cls = GPPOConfig, GPPOTrainer
+    if config.get("trainer_impl") == "trl_grpo":
+        from klear.rl.trl_peer import TRLPeerConfig, TRLPeerTrainer, peer_trainer_section
+
+        config = {**config, "trainer": peer_trainer_section(config["trainer"], source)}
+        config_cls, trainer_cls = TRLPeerConfig, TRLPeerTrainer
+    setup = prepare_run(config, source=source, resume=resume, config_cls=config_cls)
     out, args, seed = setup.out, setup.args, setup.seed
     tokenizer = AutoTokenizer.from_pretrained(setup.model_path, padding_side="left")
     if tokenizer.pad_token is None:
@@ -170,27 +192,36 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
     torch.manual_seed(seed)
 
     with run_dir.removed_on_failure():  # a run that fails before training leaves no directory behind
-        trainer = GPPOTrainer(
+        trainer = trainer_cls(
             model=setup.model_path,
             reward_funcs=make_klear_reward(**(config.get("reward") or {})),
             args=args,
             train_dataset=train,
             processing_class=tokenizer,
-            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *(callbacks or [])],
         )
         model = trainer.accelerator.unwrap_model(trainer.model)
-        before = None
+        curve = HeldoutCurveCallback(out, lambda path: heldout_eval(model, tokenizer, heldout, eval_cfg, path=path,
+                                                                   reuse=False), eval_cfg.get("every_steps"))
+        if do_eval:
+            trainer.add_callback(curve)
+        before: dict[str, Any] | None = None
         if do_eval:
             before = heldout_eval(model, tokenizer, heldout, eval_cfg, path=out / "eval_before.json",
                                   reuse=bool(setup.resume))
             print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
+            curve.record(0, before)
 
     trainer.train(resume_from_checkpoint=setup.resume or None)
     report: dict[str, Any] = {"model": str(config["model"]), "steps": trainer.state.global_step}
     if do_eval:
+        assert before is not None  # evaluated before training whenever do_eval
+        curve.pause()
         after = heldout_eval(model, tokenizer, heldout, eval_cfg, path=out / "eval_after.json", reuse=False)
+        curve.record(trainer.state.global_step, after)
         report.update(paired_difference(before["correct"], after["correct"]))
-        report.update(samples_per_problem=after.get("samples_per_problem", 1), temperature=after.get("temperature", 0.0))
+        report.update(samples_per_problem=after.get("samples_per_problem", 1),
+                      temperature=after.get("temperature", 0.0))
     finish_run(setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None,
                panels=RL_PANELS)
     return report

@@ -16,7 +16,8 @@ rollout's ``old_log_prob`` is recomputed afterwards anyway (:class:`klear.rl.tra
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from klear.models.cache import cache_kwarg
 

@@ -1,4 +1,4 @@
-"""Long chain-of-thought SFT, the first stage of the Klear-Reasoner recipe (spec Sec. 5, 6).
+"""Long chain-of-thought SFT, the first stage of the Klear-Reasoner recipe (paper Sec. 3.1, 4.1, 5.1).
 
 * :mod:`klear.sft.trainer`: :class:`KlearSFTTrainer` (TRL ``SFTTrainer``; response-token NLL averaged
   over the optimizer batch) and the cosine-to-floor LR schedule :func:`cosine_to_floor_lr`;

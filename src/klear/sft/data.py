@@ -22,7 +22,7 @@ Sources:
   teacher (:mod:`klear.sft.teacher`) for reasoning-gym problems, next to a disjoint held-out
   set in the RL layout (:mod:`klear.data.rl_data`) for evaluation.
 
-Correctness/difficulty filtering (spec Sec. 5, Table 2), :func:`filter_sft_dataset`: easy prompts
+Correctness/difficulty filtering (paper Sec. 5.1.1, Table 2), :func:`filter_sft_dataset`: easy prompts
 keep only correct responses, hard prompts keep everything (``by_difficulty``, Klear's rule), or
 every prompt keeps only correct responses (``correct``). Correctness is the math reward of
 :mod:`klear.rewards` (last ``\\boxed{}`` after ``</think>`` checked with math-verify).

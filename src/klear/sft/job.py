@@ -43,7 +43,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 logger = logging.getLogger(__name__)
 
 _TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer"}
@@ -228,7 +227,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         eval_cfg = eval_settings(config, max_new_tokens=512, batch_size=32, seed=seed)
         do_eval = heldout is not None and eval_cfg["enabled"]
         model = trainer.accelerator.unwrap_model(trainer.model)
-        before = None
+        before: dict[str, Any] | None = None
         if do_eval:
             before = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_before.json",
                                    reuse=bool(setup.resume))
@@ -243,6 +242,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     if filter_stats is not None:
         report["filter"] = filter_stats
     if do_eval:
+        assert before is not None  # evaluated before training whenever do_eval
         after = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_after.json", reuse=False)
         report["accuracy"] = paired_difference(before["correct"], after["correct"])
         report["format"] = paired_difference(before["format_ok"], after["format_ok"])

@@ -1,7 +1,7 @@
 """A procedural teacher: worked, step-by-step solutions for integer arithmetic problems.
 
-The Klear recipe distils long chain-of-thought answers of a strong teacher (DeepSeek-R1, spec
-Sec. 5) into the base model. On a CPU demo there is no teacher model, so klear writes its own
+The Klear recipe distils long chain-of-thought answers of a strong teacher (DeepSeek-R1-0528, paper
+Sec. 3.1, 5.1.2) into the base model. On a CPU demo there is no teacher model, so klear writes its own
 demonstrations: for a reasoning-gym arithmetic problem (``basic_arithmetic``, ``chain_sum``,
 ``products``, or any task whose ``metadata["expression"]`` is integers joined by ``+``, ``-``,
 ``*``) it writes schoolbook column arithmetic inside ``<think>...</think>`` and then the answer in

@@ -14,7 +14,7 @@ What it adds to ``trl.SFTTrainer`` (TRL 1.16):
   ``num_items_in_batch``, which ``transformers.Trainer`` counts over the step's micro-batches only
   when it believes the model "accepts loss kwargs"; this trainer forces that counting for every
   model, and says the loss is already scaled for gradient accumulation.
-* **Cosine-to-floor schedule** (spec Sec. 6: max LR 8e-5, cosine decay to a floor of 4e-5), set
+* **Cosine-to-floor schedule** (paper Sec. 4.1: max LR 8e-5, cosine decay to a floor of 4e-5), set
   by ``lr_floor``; see :func:`cosine_to_floor_lr`. The LR is EXACTLY ``learning_rate`` at the last
   warm-up step and EXACTLY ``lr_floor`` at the last optimizer step (``transformers``'
   ``cosine_with_min_lr`` only reaches the floor one step after the end of training). The logged
@@ -104,9 +104,12 @@ class KlearSFTTrainer(SFTTrainer):
     See the module docstring for the loss (response tokens only) and the schedule.
     """
 
+    args: KlearSFTConfig
+
     # TRL's compute_loss divides the summed NLL by num_items_in_batch (the whole step's tokens),
     # so training_step must not divide by the number of accumulation steps again.
-    loss_is_scaled_for_ga = True
+    # (TRL's _BaseTrainer leaves it unannotated as None, so mypy infers type None; TRL's own trainers set bools.)
+    loss_is_scaled_for_ga = True  # type: ignore[assignment]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
