@@ -1,0 +1,300 @@
+"""``klear experiment``: a base ``klear rl`` recipe x named arms x seeds, run as a grid, then one report.
+
+An experiment file (YAML, see ``configs/experiments/``)::
+
+    name: gppo_vs_baselines
+    description: one paragraph shown at the top of report.md
+    base: rl_demo                 # a klear rl recipe: a path (relative to this file) or a shipped recipe name
+    overrides:                    # dotted keys applied to the base for every arm
+      trainer.max_steps: 16
+      eval.every_steps: 4
+    arms:                         # name -> dotted-key overrides applied after `overrides`
+      gppo: {}
+      clip_higher: {trainer.loss_mode: ppo_clip, trainer.clip_ratio_c: null}
+    reference: gppo               # the arm the others are compared with (default: the first)
+    seeds: [0, 1, 2]              # default seeds (--seeds overrides)
+    output_dir: runs/experiments/gppo_vs_baselines
+
+Each arm x seed is a normal ``klear rl`` run directory ``<output_dir>/<arm>/seed<k>``. The seed sets
+``trainer.seed`` only (initialisation of the sampler, shuffling, dropout): the recipe's top-level ``seed``,
+which draws the training and held-out problems and the held-out sampling seed, stays the base's, so every
+run of the experiment is evaluated on the same held-out problems with the same sampling seed (common
+random numbers). ``trainer.max_steps`` is required (the progress bar counts optimizer steps).
+
+Files: ``<output_dir>/plan.json`` (every planned run's recipe), the run directories, and the report
+(:mod:`klear.experiment.report`: ``report.md``, ``summary.json``, PNG plots).
+
+Re-running: a finished run (its ``eval.json`` exists) is skipped. An unfinished run (killed) is an error
+unless ``resume=True`` (``--resume``): then a run with a checkpoint continues from its latest one
+(``klear rl --resume``), and a run killed before its first checkpoint is removed and restarted. A run whose
+planned recipe differs from the one recorded in ``plan.json`` is an error naming the run and the keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from klear.config import CONFIG_DIR, find_config, load_config, load_yaml
+
+EXPERIMENT_DIR = CONFIG_DIR / "experiments"
+_TOP_KEYS = {"name", "description", "base", "overrides", "arms", "reference", "seeds", "output_dir"}
+PLAN_FILE = "plan.json"
+
+__all__ = ["EXPERIMENT_DIR", "Experiment", "find_experiment", "load_experiment", "plan_runs", "run_experiment"]
+
+
+@dataclass
+class Experiment:
+    """A loaded experiment file.
+
+    Attributes:
+        name, description: as in the file. source: the file's path. base: the base recipe (loaded, with
+        ``overrides`` applied). arms: ``{arm: {dotted key: value}}`` in file order. reference: the reference arm.
+        seeds: default seeds. output_dir: where the runs and the report go.
+    """
+
+    name: str
+    description: str
+    source: Path
+    base: dict[str, Any]
+    arms: dict[str, dict[str, Any]]
+    reference: str
+    seeds: list[int]
+    output_dir: Path
+
+
+def find_experiment(name_or_path: str | Path) -> Path:
+    """An experiment file: an existing path, or a name shipped in ``configs/experiments`` (``gppo_vs_baselines``).
+
+    Raises:
+        FileNotFoundError: neither exists; lists the shipped experiments.
+    """
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (EXPERIMENT_DIR / path.name, EXPERIMENT_DIR / f"{path.name}.yaml"):
+        if candidate.is_file():
+            return candidate
+    shipped = sorted(p.stem for p in EXPERIMENT_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"experiment {str(name_or_path)!r} not found (shipped experiments: {shipped})")
+
+
+def set_dotted(config: dict[str, Any], key: str, value: Any, where: str) -> None:
+    """Set ``config[a][b][c] = value`` for ``key = "a.b.c"`` in place, creating sections (as ``klear rl`` overrides).
+
+    Raises:
+        ValueError: an empty key part, or a part that descends into a non-mapping value (names ``where``).
+    """
+    parts = str(key).split(".")
+    if any(not p for p in parts):
+        raise ValueError(f"{where}: key {key!r} has an empty part")
+    node = config
+    for i, part in enumerate(parts[:-1]):
+        if node.get(part) is None:
+            node[part] = {}
+        if not isinstance(node[part], dict):
+            raise ValueError(f"{where}: key {key!r}: {'.'.join(parts[: i + 1])} is not a section")
+        node = node[part]
+    node[parts[-1]] = copy.deepcopy(value)
+
+
+def _overrides(section: Any, where: str) -> dict[str, Any]:
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{where} must be a mapping of dotted keys to values, got {type(section).__name__}")
+    return dict(section)
+
+
+def _seeds(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not value or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                                                       for s in value):
+        raise ValueError(f"{where} must be a non-empty list of integers >= 0, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{where} lists a seed twice: {value!r}")
+    return list(value)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]``.
+
+    Raises:
+        ValueError: an entry that is not an integer >= 0, or a repeated seed.
+    """
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds {text!r} must be comma-separated integers, e.g. 0,1,2") from None
+    return _seeds(seeds, "--seeds")
+
+
+def load_experiment(name_or_path: str | Path) -> Experiment:
+    """Read an experiment file (module docstring) and its base recipe.
+
+    Raises:
+        FileNotFoundError: the file or its base recipe does not exist.
+        ValueError: not YAML, an unknown top-level key, no arms, an arm name that is not a plain name, an
+            unknown ``reference``, bad ``seeds``, overrides that are not mappings (each names the file and key).
+    """
+    path = find_experiment(name_or_path)
+    try:
+        spec = load_yaml(path.read_text())
+    except Exception as e:  # yaml.YAMLError: one line
+        raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - _TOP_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(_TOP_KEYS)}")
+    if not spec.get("base"):
+        raise ValueError(f"{path}: 'base' (a klear rl recipe) is required")
+    local = (path.parent / str(spec["base"])).resolve()
+    base, _ = load_config(local if local.is_file() else find_config(str(spec["base"])))
+    for key, value in _overrides(spec.get("overrides"), f"{path}: 'overrides'").items():
+        set_dotted(base, key, value, f"{path}: overrides")
+    arms_spec = spec.get("arms")
+    if not isinstance(arms_spec, dict) or not arms_spec:
+        raise ValueError(f"{path}: 'arms' must be a non-empty mapping of arm name -> overrides")
+    arms = {}
+    for arm, section in arms_spec.items():
+        if not isinstance(arm, str) or not arm.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"{path}: arm name {arm!r} must be letters, digits, '_' or '-' (it names a directory)")
+        arms[arm] = _overrides(section, f"{path}: arms.{arm}")
+    reference = spec.get("reference", next(iter(arms)))
+    if reference not in arms:
+        raise ValueError(f"{path}: reference={reference!r} is not an arm (arms: {list(arms)})")
+    name = str(spec.get("name") or path.stem)
+    return Experiment(name=name, description=str(spec.get("description") or "").strip(), source=path, base=base,
+                      arms=arms, reference=reference, seeds=_seeds(spec.get("seeds", [0, 1, 2]), f"{path}: seeds"),
+                      output_dir=Path(spec.get("output_dir") or f"runs/experiments/{name}"))
+
+
+def plan_runs(exp: Experiment, seeds: list[int], output_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every run's recipe: ``{"<arm>/seed<k>": config}`` (arm order, then seed order), each validated.
+
+    Raises:
+        ValueError: a run's recipe ``klear rl`` rejects (named with the arm and seed), or no ``trainer.max_steps``.
+    """
+    from klear.rl.job import validate_job_config
+
+    runs = {}
+    for arm, overrides in exp.arms.items():
+        for seed in seeds:
+            run = f"{arm}/seed{seed}"
+            where = f"{exp.source}: arm {arm}, seed {seed}"
+            config = copy.deepcopy(exp.base)
+            for key, value in overrides.items():
+                set_dotted(config, key, value, f"{exp.source}: arms.{arm}")
+            set_dotted(config, "trainer.seed", seed, where)
+            config["output_dir"] = str(output_dir / arm / f"seed{seed}")
+            validate_job_config(config, where)
+            steps = config["trainer"].get("max_steps")
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+                raise ValueError(f"{where}: trainer.max_steps={steps!r} must be an integer >= 1 "
+                                 "(the grid counts optimizer steps)")
+            runs[run] = config
+    return runs
+
+
+def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += _diff_keys(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _check_plan(out: Path, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The saved plan merged with ``runs``; raises ``ValueError`` when an existing run's recipe changed."""
+    path = out / PLAN_FILE
+    saved = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+    for run, config in runs.items():
+        old = saved["runs"].get(run)
+        planned = json.loads(json.dumps(config))
+        if old is not None and (out / run).exists() and old != planned:
+            keys = ", ".join(_diff_keys(old, planned)[:8])
+            raise ValueError(f"{out / run}: this run was started with another recipe (changed: {keys}); use another "
+                             "--output, or remove the run directory")
+        saved["runs"][run] = planned
+    return saved
+
+
+def _last_checkpoint_step(run_dir: Path) -> int | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    ckpt_dir = run_dir / "checkpoints"
+    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    return int(Path(last).name.split("-")[-1]) if last else None
+
+
+def _progress_callback(bar):
+    """A ``TrainerCallback`` advancing the tqdm ``bar`` over the whole grid, one tick per optimizer step."""
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            bar.update(1)
+
+    return Progress()
+
+
+def run_experiment(exp: Experiment, *, seeds: list[int] | None = None, resume: bool = False,
+                   output_dir: str | Path | None = None, callbacks: list | None = None) -> Path:
+    """Run every arm x seed of ``exp`` (skipping finished runs), then write the report.
+
+    Args:
+        exp: the experiment (:func:`load_experiment`).
+        seeds: the seeds (default ``exp.seeds``).
+        resume: continue unfinished (killed) runs (module docstring); without it an unfinished run is an error.
+        output_dir: where the runs and report go (default ``exp.output_dir``).
+        callbacks: extra ``TrainerCallback`` objects given to every run.
+
+    Returns:
+        The path of ``report.md``.
+
+    Raises:
+        ValueError: an invalid run recipe (before any run starts), an unfinished run without ``resume``, a run
+            whose recipe changed since it started, or a report error (:func:`klear.experiment.report.write_report`).
+    """
+    from tqdm.auto import tqdm
+
+    from klear.experiment.report import write_report
+    from klear.rl.job import run_rl
+
+    out = Path(output_dir or exp.output_dir)
+    seeds = list(seeds or exp.seeds)
+    runs = plan_runs(exp, seeds, out)
+    plan = _check_plan(out, runs)
+    todo, done_steps = [], 0
+    for run, config in runs.items():
+        run_dir = out / run
+        steps = config["trainer"]["max_steps"]
+        if (run_dir / "eval.json").is_file():
+            done_steps += steps
+            continue
+        resume_run = False
+        if run_dir.exists():
+            if not resume:
+                raise ValueError(f"{run_dir}: an unfinished run (killed?); pass --resume to continue it, or remove it")
+            step = _last_checkpoint_step(run_dir)
+            if step is None:
+                shutil.rmtree(run_dir)  # killed before its first checkpoint: start it again
+            else:
+                resume_run, done_steps = True, done_steps + step
+        todo.append((run, config, resume_run))
+    out.mkdir(parents=True, exist_ok=True)
+    plan.update(experiment=exp.name, source=str(exp.source), reference=exp.reference, arms=list(exp.arms), seeds=seeds)
+    (out / PLAN_FILE).write_text(json.dumps(plan, indent=1))
+    total = sum(c["trainer"]["max_steps"] for c in runs.values())
+    with tqdm(total=total, initial=done_steps, desc=f"experiment {exp.name}", unit="step", dynamic_ncols=True) as bar:
+        for run, config, resume_run in todo:
+            bar.set_postfix_str(run)
+            run_rl(config, source=f"{exp.source}: {run}", resume=resume_run,
+                   callbacks=[_progress_callback(bar), *(callbacks or [])])
+    return write_report(out, exp, {run: out / run for run in runs}, seeds)

@@ -1,0 +1,266 @@
+"""The report of a ``klear experiment``: ``report.md``, ``summary.json`` and PNG plots from the run directories.
+
+Per arm, over its seeds (each number below is first computed per run, then aggregated across seeds):
+
+* held-out accuracy (``heldout_curve.jsonl``, :mod:`klear.rl.periodic_eval`) at every evaluated step: mean and
+  95% interval across seeds, ``mean +/- t_{0.975, n-1} * sd / sqrt(n)`` (Student t, sample sd; no interval for
+  one seed). Against wall clock the x value is the seeds' mean training seconds at that step (held-out
+  evaluation time excluded);
+* final held-out accuracy (``eval_after.json``) and, for every arm but the reference, a paired test on the
+  same problems: each problem's correctness averaged over the seeds both arms ran, then
+  :func:`klear.eval.heldout.paired_difference` (reference as "before", the arm as "after": mean difference,
+  normal-approximation 95% CI over problems, sign/McNemar p);
+* training metrics from ``metrics.jsonl``, each run's mean over the steps that log it (rollout metrics are
+  logged on the first step of a rollout batch), then mean and 95% interval across seeds: :data:`METRICS`.
+  klear and TRL name some metrics differently; the first name present is used (TRL logs no ``ppo_kl``).
+
+Files written in the experiment directory: ``report.md``, ``summary.json`` (every number of the report),
+``heldout_vs_step.png``, ``heldout_vs_time.png``, ``training_metrics.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+#: (name in the report, metrics.jsonl keys: klear's first, then TRL's)
+METRICS: list[tuple[str, tuple[str, ...]]] = [
+    ("reward", ("reward",)),
+    ("clip_frac_high", ("klear/clip_frac_high", "clip_ratio/high_mean")),
+    ("clip_frac_low", ("klear/clip_frac_low", "clip_ratio/low_mean")),
+    ("ppo_kl", ("klear/ppo_kl",)),
+    ("entropy", ("entropy",)),
+    ("grad_norm", ("grad_norm",)),
+    ("completion_length", ("completions/mean_length",)),
+    ("zero_adv_frac", ("klear/zero_adv_group_frac", "frac_reward_zero_std")),
+]
+
+
+def mean_ci(values: list[float], confidence: float = 0.95) -> dict[str, Any]:
+    """Mean and Student-t interval of independent values (one per seed).
+
+    Returns:
+        ``{"n", "mean", "low", "high"}``: ``mean +/- t_{(1+confidence)/2, n-1} * sd / sqrt(n)`` with the sample
+        sd (ddof 1); ``low``/``high`` are ``None`` for fewer than 2 values; ``mean`` is ``None`` for none.
+    """
+    from scipy.stats import t
+
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "mean": None, "low": None, "high": None}
+    mean = sum(values) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "low": None, "high": None}
+    half = float(t.ppf((1 + confidence) / 2, n - 1)) * statistics.stdev(values) / math.sqrt(n)
+    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def metric_series(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[int, float]:
+    """``{step: value}`` of the first of ``keys`` that any row has (non-numeric and null values skipped)."""
+    for key in keys:
+        series = {int(r["step"]): float(r[key]) for r in rows
+                  if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and "step" in r}
+        if series:
+            return series
+    return {}
+
+
+def _read_run(run_dir: Path) -> dict[str, Any]:
+    after_path = run_dir / "eval_after.json"
+    if not after_path.is_file():
+        raise ValueError(f"{run_dir}: no eval_after.json (the run has not finished, or ran without a held-out set)")
+    after = json.loads(after_path.read_text())
+    curve = sorted(_jsonl(run_dir / "heldout_curve.jsonl"), key=lambda r: r["step"])
+    rows = _jsonl(run_dir / "metrics.jsonl")
+    metrics = {name: metric_series(rows, keys) for name, keys in METRICS}
+    return {"after": after, "curve": curve, "metrics": metrics,
+            "train_s": curve[-1]["train_s"] if curve else None}
+
+
+def _curve_stats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step evaluated in every run: mean accuracy with its interval and the mean training seconds."""
+    steps = sorted(set.intersection(*[{r["step"] for r in run["curve"]} for run in runs])) if runs else []
+    out = []
+    for step in steps:
+        rows = [next(r for r in run["curve"] if r["step"] == step) for run in runs]
+        out.append({"step": step, "train_s": sum(r["train_s"] for r in rows) / len(rows),
+                    **{f"accuracy_{k}": v for k, v in mean_ci([r["accuracy"] for r in rows]).items() if k != "n"}})
+    return out
+
+
+def summarize(exp, run_dirs: dict[str, Path], seeds: list[int]) -> dict[str, Any]:
+    """Every number of the report (see the module docstring) as a JSON-able dict.
+
+    Raises:
+        ValueError: a run without ``eval_after.json``, or runs evaluated on different held-out problems.
+    """
+    from klear.eval.heldout import paired_difference
+
+    data = {arm: {seed: _read_run(run_dirs[f"{arm}/seed{seed}"]) for seed in seeds} for arm in exp.arms}
+    ids = {run: r["after"]["prompt_ids"] for arm, by_seed in data.items() for run, r in
+           ((f"{arm}/seed{s}", v) for s, v in by_seed.items())}
+    first = next(iter(ids))
+    for run, pids in ids.items():
+        if pids != ids[first]:
+            raise ValueError(f"{run_dirs[run]}: evaluated on other held-out problems than {run_dirs[first]}; a "
+                             "paired comparison needs the same problems (same top-level seed and data)")
+    arms: dict[str, Any] = {}
+    for arm, by_seed in data.items():
+        runs = list(by_seed.values())
+        per_problem = [statistics.fmean(vals) for vals in zip(*[r["after"]["correct"] for r in runs])]
+        arms[arm] = {
+            "overrides": exp.arms[arm],
+            "final_accuracy": mean_ci([r["after"]["accuracy"] for r in runs]),
+            "final_accuracy_per_seed": {str(s): r["after"]["accuracy"] for s, r in by_seed.items()},
+            "start_accuracy": mean_ci([r["curve"][0]["accuracy"] for r in runs if r["curve"]]),
+            "train_s": mean_ci([r["train_s"] for r in runs if r["train_s"] is not None]),
+            "metrics": {name: mean_ci([statistics.fmean(r["metrics"][name].values()) for r in runs
+                                       if r["metrics"][name]]) for name, _ in METRICS},
+            "metric_curves": {name: _series_stats([r["metrics"][name] for r in runs]) for name, _ in METRICS},
+            "curve": _curve_stats(runs),
+            "per_problem": per_problem,
+        }
+    ref = arms[exp.reference]["per_problem"]
+    for arm, stats in arms.items():
+        if arm != exp.reference:
+            stats["paired_vs_reference"] = paired_difference(ref, stats["per_problem"])
+    return {"experiment": exp.name, "reference": exp.reference, "seeds": seeds,
+            "n_problems": len(ids[first]), "arms": arms}
+
+
+def _series_stats(series: list[dict[int, float]]) -> list[dict[str, Any]]:
+    if not series or not all(series):
+        return []
+    steps = sorted(set.intersection(*[set(s) for s in series]))
+    return [{"step": step, **mean_ci([s[step] for s in series])} for step in steps]
+
+
+def _plot_curves(summary: dict[str, Any], x_key: str, xlabel: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for arm, stats in summary["arms"].items():
+        curve = stats["curve"]
+        x = [p[x_key] / (60.0 if x_key == "train_s" else 1.0) for p in curve]
+        ax.plot(x, [p["accuracy_mean"] for p in curve], marker="o", label=arm)
+        if all(p["accuracy_low"] is not None for p in curve):
+            ax.fill_between(x, [p["accuracy_low"] for p in curve], [p["accuracy_high"] for p in curve], alpha=0.2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(f"{summary['experiment']}: mean and 95% interval over seeds {summary['seeds']}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_metrics(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name, _ in METRICS]
+    cols, rows = 4, math.ceil(len(names) / 4)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.2 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        for arm, stats in summary["arms"].items():
+            points = stats["metric_curves"][name]
+            if not points:
+                continue
+            x = [p["step"] for p in points]
+            ax.plot(x, [p["mean"] for p in points], label=arm)
+            if all(p["low"] is not None for p in points):
+                ax.fill_between(x, [p["low"] for p in points], [p["high"] for p in points], alpha=0.2)
+        ax.set_title(name)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fmt(stats: dict[str, Any], digits: int = 3) -> str:
+    if stats["mean"] is None:
+        return "n/a"
+    if stats["low"] is None:
+        return f"{stats['mean']:.{digits}f}"
+    return f"{stats['mean']:.{digits}f} [{stats['low']:.{digits}f}, {stats['high']:.{digits}f}]"
+
+
+def format_report(exp, summary: dict[str, Any]) -> str:
+    """``report.md``'s text for a :func:`summarize` result."""
+    arms, ref = summary["arms"], summary["reference"]
+    lines = [f"# Experiment `{summary['experiment']}`", ""]
+    if exp.description:
+        lines += [exp.description, ""]
+    lines += [f"Experiment file `{exp.source}`; seeds {summary['seeds']} (`trainer.seed`); "
+              f"{summary['n_problems']} held-out problems, the same for every run; reference arm `{ref}`.", "",
+              "Intervals: 95% Student-t across seeds. Paired test: per-problem correctness averaged over seeds, arm "
+              "minus reference (normal-approximation 95% CI over problems, exact sign/McNemar p).", "",
+              "## Held-out accuracy", "",
+              "| arm | overrides | start | final (mean [95% CI]) | per seed | vs reference: diff [95% CI] | "
+              "better / worse | p | train min |", "|---|---|---|---|---|---|---|---|---|"]
+    for arm, s in arms.items():
+        overrides = ", ".join(f"{k}={v}" for k, v in s["overrides"].items()) or "(base)"
+        per_seed = ", ".join(f"{v:.3f}" for v in s["final_accuracy_per_seed"].values())
+        if "paired_vs_reference" in s:
+            p = s["paired_vs_reference"]
+            paired = [f"{p['mean_diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]",
+                      f"{p['n_improved']} / {p['n_worsened']}", f"{p['mcnemar_p']:.2g}"]
+        else:
+            paired = ["(reference)", "", ""]
+        train_min = "n/a" if s["train_s"]["mean"] is None else f"{s['train_s']['mean'] / 60:.1f}"
+        lines.append(f"| {arm} | {overrides} | {_fmt(s['start_accuracy'])} | {_fmt(s['final_accuracy'])} | "
+                     f"{per_seed} | {' | '.join(paired)} | {train_min} |")
+    lines += ["", "![held-out accuracy vs step](heldout_vs_step.png)",
+              "![held-out accuracy vs wall clock](heldout_vs_time.png)", "",
+              "## Training metrics (mean over steps, then mean [95% CI] over seeds)", "",
+              "| arm | " + " | ".join(name for name, _ in METRICS) + " |", "|---" * (len(METRICS) + 1) + "|"]
+    for arm, s in arms.items():
+        lines.append(f"| {arm} | " + " | ".join(_fmt(s["metrics"][name], 4) for name, _ in METRICS) + " |")
+    lines += ["", "![training metrics](training_metrics.png)", ""]
+    return "\n".join(lines)
+
+
+def write_report(out: Path, exp, run_dirs: dict[str, Path], seeds: list[int]) -> Path:
+    """Write ``report.md``, ``summary.json`` and the plots into ``out``; print where. Returns ``report.md``'s path.
+
+    Raises:
+        ValueError: as :func:`summarize`.
+    """
+    out = Path(out)
+    summary = summarize(exp, run_dirs, seeds)
+    for stats in summary["arms"].values():
+        stats.pop("per_problem")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    _plot_curves(summary, "step", "optimizer step", out / "heldout_vs_step.png")
+    _plot_curves(summary, "train_s", "training wall clock (min, held-out evaluation excluded)",
+                 out / "heldout_vs_time.png")
+    _plot_metrics(summary, out / "training_metrics.png")
+    path = out / "report.md"
+    path.write_text(format_report(exp, summary))
+    print(f"experiment report: {path}", flush=True)
+    return path

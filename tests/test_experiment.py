@@ -1,0 +1,195 @@
+"""`klear experiment`: a 2-arm x 2-seed grid on a tiny model (kills and resumes), the report's numbers
+recomputed from the run files, the TRL peer arm, and the shipped experiment files."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+import torch
+import yaml
+from transformers import TrainerCallback
+
+from klear.experiment import EXPERIMENT_DIR, load_experiment, plan_runs, run_experiment
+from klear.rl.job import run_rl, validate_job_config
+from klear.rl.trl_peer import TRLPeerConfig, TRLPeerTrainer, peer_trainer_section
+
+T_975_DF1 = 12.706204736174707  # Student t quantile 0.975, 1 degree of freedom (tables)
+Z_975 = 1.959963984540054
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _rows(n, start=0):
+    return [{"prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
+             "data_source": "math_test", "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+             "extra_info": {"index": i}} for i in range(start, start + n)]
+
+
+def _base(tmp_path, ckpt):
+    train = _write_jsonl(tmp_path / "train.jsonl", _rows(8))
+    heldout = _write_jsonl(tmp_path / "heldout.jsonl", _rows(4, start=100))
+    return {"model": str(ckpt), "output_dir": "unused", "seed": 0,
+            "data": {"train": str(train), "heldout": str(heldout)},
+            "eval": {"max_new_tokens": 4, "batch_size": 8, "n_samples": 2, "temperature": 1.0, "every_steps": 1},
+            "trainer": {"num_generations": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+                        "steps_per_generation": 2, "max_completion_length": 4, "max_steps": 2,
+                        "learning_rate": 1e-4, "save_steps": 1, "temperature": 1.0, "loss_mode": "gppo"}}
+
+
+def _experiment(tmp_path, ckpt):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(_base(tmp_path, ckpt)))
+    spec = {"name": "tiny", "description": "two arms", "base": "base.yaml", "reference": "gppo", "seeds": [0, 1],
+            "overrides": {"trainer.report_to": []},
+            "arms": {"gppo": {}, "clip": {"trainer.loss_mode": "ppo_clip", "trainer.clip_ratio_c": None}},
+            "output_dir": str(tmp_path / "exp")}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return load_experiment(path)
+
+
+class _Kill(TrainerCallback):
+    """Simulates a kill: raises KeyboardInterrupt at the end of ``step`` of the run whose directory ends in ``run``."""
+
+    def __init__(self, run, step):
+        self.run, self.step = run, step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.output_dir.endswith(f"{self.run}/checkpoints") and state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def _steps(path, key="step"):
+    return [json.loads(x)[key] for x in path.read_text().splitlines()]
+
+
+def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
+    exp = _experiment(tmp_path, tiny_ckpt)
+    out = tmp_path / "exp"
+    # killed after step 1's checkpoint, during step 2 of clip/seed0
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(exp, callbacks=[_Kill("clip/seed0", 2)])
+    assert (out / "gppo/seed1/eval.json").is_file() and not (out / "clip/seed0/eval.json").exists()
+    assert (out / "clip/seed0/checkpoints/checkpoint-1").is_dir()
+    with pytest.raises(ValueError, match="unfinished run.*--resume"):
+        run_experiment(exp)
+    # resumed, then killed at step 1 of clip/seed1 before any checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(exp, resume=True, callbacks=[_Kill("clip/seed1", 1)])
+    assert (out / "clip/seed0/eval.json").is_file() and not list((out / "clip/seed1").glob("checkpoints/checkpoint-*"))
+    report = run_experiment(exp, resume=True)  # clip/seed1 restarts from scratch
+
+    for run in ("gppo/seed0", "gppo/seed1", "clip/seed0", "clip/seed1"):
+        metrics_steps = [s for s in _steps(out / run / "metrics.jsonl")]
+        assert metrics_steps == [1, 2], run
+        assert _steps(out / run / "heldout_curve.jsonl") == [0, 1, 2], run
+        assert (out / run / "heldout/step_1.json").is_file()
+    saved = yaml.safe_load((out / "clip/seed0/config.yaml").read_text())
+    assert saved["trainer"]["seed"] == 0 and saved["trainer"]["loss_mode"] == "ppo_clip" and saved["seed"] == 0
+    for name in ("report.md", "summary.json", "heldout_vs_step.png", "heldout_vs_time.png", "training_metrics.png"):
+        assert (out / name).stat().st_size > 0, name
+    text = report.read_text()
+    assert "| gppo |" in text and "| clip |" in text and "(reference)" in text
+
+    # the report's numbers, recomputed from the per-run files
+    summary = json.loads((out / "summary.json").read_text())
+    after = {run: json.loads((out / run / "eval_after.json").read_text())
+             for run in ("gppo/seed0", "gppo/seed1", "clip/seed0", "clip/seed1")}
+    accs = [after["clip/seed0"]["accuracy"], after["clip/seed1"]["accuracy"]]
+    mean, half = sum(accs) / 2, T_975_DF1 * abs(accs[0] - accs[1]) / math.sqrt(2) / math.sqrt(2)
+    final = summary["arms"]["clip"]["final_accuracy"]
+    assert final["mean"] == pytest.approx(mean) and final["high"] - final["mean"] == pytest.approx(half)
+    ref = [(a + b) / 2 for a, b in zip(after["gppo/seed0"]["correct"], after["gppo/seed1"]["correct"])]
+    arm = [(a + b) / 2 for a, b in zip(after["clip/seed0"]["correct"], after["clip/seed1"]["correct"])]
+    d = [a - r for a, r in zip(arm, ref)]
+    paired = summary["arms"]["clip"]["paired_vs_reference"]
+    assert paired["mean_diff"] == pytest.approx(sum(d) / len(d))
+    sd = statistics.stdev(d) if len(set(d)) > 1 else 0.0
+    assert paired["ci_high"] - paired["mean_diff"] == pytest.approx(Z_975 * sd / math.sqrt(len(d)))
+    assert paired["n_improved"] == sum(x > 0 for x in d) and paired["n_worsened"] == sum(x < 0 for x in d)
+    curve_rows = [json.loads(x) for x in (out / "gppo/seed0/heldout_curve.jsonl").read_text().splitlines()]
+    assert curve_rows[-1]["accuracy"] == after["gppo/seed0"]["accuracy"]
+    assert [r["train_s"] for r in curve_rows] == sorted(r["train_s"] for r in curve_rows)
+    per_run = [statistics.fmean(json.loads(x)["grad_norm"] for x in (out / run / "metrics.jsonl").read_text()
+                                .splitlines()) for run in ("gppo/seed0", "gppo/seed1")]
+    assert summary["arms"]["gppo"]["metrics"]["grad_norm"]["mean"] == pytest.approx(sum(per_run) / 2)
+
+    # a finished experiment re-runs no training
+    monkeypatch.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("a finished run was run again"))
+    run_experiment(exp)
+
+
+def test_changed_recipe_of_a_started_run_is_refused(tmp_path, tiny_ckpt):
+    exp = _experiment(tmp_path, tiny_ckpt)
+    out = tmp_path / "exp"
+    (out / "gppo/seed0").mkdir(parents=True)
+    runs = plan_runs(exp, [0], out)
+    (out / "plan.json").write_text(json.dumps({"runs": {"gppo/seed0": {**runs["gppo/seed0"], "seed": 5}}}))
+    with pytest.raises(ValueError, match=r"gppo/seed0: this run was started with another recipe \(changed: seed\)"):
+        run_experiment(exp, seeds=[0], resume=True)
+
+
+def test_trl_peer_arm_one_step(tmp_path, tiny_ckpt):
+    cfg = _base(tmp_path, tiny_ckpt)
+    cfg.update(output_dir=str(tmp_path / "peer"), trainer_impl="trl_grpo")
+    cfg["trainer"].update(max_steps=1, loss_mode="ppo_clip", clip_ratio_high=0.28, clip_ratio_c=None, alpha=0.0,
+                          filter_zero_adv_groups=False, report_to=[])
+    report = run_rl(cfg)
+    run = tmp_path / "peer"
+    assert report["steps"] == 1
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert "clip_ratio/high_mean" in row and "klear/policy_loss" not in row  # TRL's own loss ran
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["trainer_impl"] == "trl_grpo" and saved["trainer"]["epsilon_high"] == 0.28
+    assert "clip_ratio_high" not in saved["trainer"]
+    assert _steps(run / "heldout_curve.jsonl") == [0, 1]
+    validate_job_config({**saved, "output_dir": str(tmp_path / "again")})  # the saved recipe runs again
+
+
+def test_peer_settings_mapped_or_refused():
+    mapped = peer_trainer_section({"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_mode": "ppo_clip",
+                                   "alpha": 0, "beta1": 1.0, "learning_rate": 1e-6}, "x.yaml")
+    assert mapped == {"epsilon": 0.2, "epsilon_high": 0.28, "learning_rate": 1e-6}
+    cases = [({"alpha": 0.1}, "trainer.alpha=0.1 is a GPPO setting"), ({"loss_mode": "gppo"}, "'ppo_clip'"),
+             ({"filter_zero_adv_groups": True}, "filter_zero_adv_groups"), ({"clip_ratio_c": 10.0}, "clip_ratio_c"),
+             ({"beta2": 0.5}, "remove it"), ({"clip_ratio_high": 0.3, "epsilon_high": 0.28}, "disagree")]
+    for section, message in cases:
+        with pytest.raises(ValueError, match=message):
+            peer_trainer_section(section, "x.yaml")
+    with pytest.raises(ValueError, match="adv_std"):
+        TRLPeerConfig(output_dir="/tmp/x", adv_std="pop", use_cpu=True)
+
+
+def test_population_std_switch_matches_eq4(monkeypatch):
+    """TRL's sample-std advantages rescaled by adv_std=population equal Eq. 4's (population std), float64."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    centred = rewards - rewards.mean()
+    trl_adv = centred / (rewards.std(unbiased=True) + 1e-4)  # what TRL's "group" scaling gives
+    monkeypatch.setattr("trl.GRPOTrainer._generate_and_score_completions", lambda self, inputs: {"advantages": trl_adv})
+    trainer = TRLPeerTrainer.__new__(TRLPeerTrainer)
+    trainer.num_generations = 8
+    pop = math.sqrt(sum(x * x for x in centred.tolist()) / 8)
+    for adv_std, expected in (("sample", trl_adv), ("population", centred / pop)):
+        trainer.args = type("Args", (), {"adv_std": adv_std})()
+        got = trainer._generate_and_score_completions(None)["advantages"]
+        assert torch.allclose(got, expected, rtol=2e-4), adv_std
+    assert (centred / pop)[0] / trl_adv[0] == pytest.approx(math.sqrt(8 / 7), rel=2e-4)
+
+
+def test_every_steps_is_checked(tmp_path, tiny_ckpt):
+    cfg = _base(tmp_path, tiny_ckpt)
+    cfg["eval"]["every_steps"] = 0
+    with pytest.raises(ValueError, match="eval.every_steps=0 must be an integer >= 1"):
+        validate_job_config(cfg, "r.yaml")
+
+
+@pytest.mark.parametrize("path", sorted(EXPERIMENT_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_experiments_are_valid(path, tmp_path):
+    exp = load_experiment(path.stem)
+    runs = plan_runs(exp, exp.seeds, tmp_path)
+    assert len(runs) == len(exp.arms) * len(exp.seeds) and exp.reference in exp.arms
