@@ -144,3 +144,13 @@ def test_both_jobs_check_the_eval_section_with_the_shared_rule(stage, section, m
     config["eval"] = section
     with pytest.raises(ValueError, match=f"recipe.yaml: .*{message}"):
         validate(config, "recipe.yaml")
+
+
+def test_klear_sft_refuses_the_rl_only_every_steps():
+    from klear.config import load_config
+    from klear.sft.job import validate_sft_config
+
+    config, _ = load_config("sft_demo")
+    config["eval"] = {"every_steps": 4}
+    with pytest.raises(ValueError, match="recipe.yaml: eval.every_steps is a klear rl setting"):
+        validate_sft_config(config, "recipe.yaml")

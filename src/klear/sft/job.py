@@ -70,6 +70,9 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
             raise ValueError(f"{source}: '{key}' is required")
     _check_keys(config["data"], _DATA_KEYS, "'data'", source)
     check_eval_section(config, source)
+    if "every_steps" in (config.get("eval") or {}):
+        raise ValueError(f"{source}: eval.every_steps is a klear rl setting (held-out curves); klear sft evaluates "
+                         "before and after training only")
     check_trainer_section(config["trainer"], KlearSFTConfig, source)
     if "seed" in config:
         check_int(source, "seed", config["seed"], 0)
