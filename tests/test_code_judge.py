@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from conftest import shared_file
 from klear.rewards.code_reward import (
     code_score_batch_detailed,
     leetcode_ground_truth,
@@ -18,8 +19,6 @@ from klear.rewards.code_reward import (
     values_match,
 )
 from klear.rewards.sandbox import DEFAULT_ALLOWED_PACKAGES, Sandbox, SandboxConfig
-
-from conftest import shared_file
 
 CFG = SandboxConfig(time_limit_s=3.0, program_time_limit_s=30.0)
 MODES = ["native"] + (["bwrap"] if shutil.which("bwrap") else [])

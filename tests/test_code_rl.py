@@ -25,7 +25,8 @@ def test_code_rows_accept_structured_ground_truth_and_name_bad_rows(tmp_path):
     assert json.loads(ds[0]["reward_model"]["ground_truth"]) == good
     bad = {"format": "stdio", "inputs": ["1", "2"], "outputs": ["2"]}
     path.write_text(json.dumps(_row(good)) + "\n" + json.dumps(_row(bad, 1)) + "\n")
-    with pytest.raises(ValueError, match=r"code.jsonl: row 1: field 'reward_model.ground_truth': .*2 inputs but 1 outputs"):
+    msg = r"code.jsonl: row 1: field 'reward_model.ground_truth': .*2 inputs but 1 outputs"
+    with pytest.raises(ValueError, match=msg):
         load_rl_file(path)
 
 

@@ -50,7 +50,8 @@ def test_livecodebench_stdio_and_call_problems(tmp_path):
     add, call = b.problems
     good_add = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
     bad_add = "```python\na, b = map(int, input().split())\nprint(a * b)\n```"
-    good_call = ("```python\nfrom typing import List\nclass Solution:\n    def maxSum(self, nums: List[int], k: int) -> int:\n"
+    good_call = ("```python\nfrom typing import List\nclass Solution:\n"
+                 "    def maxSum(self, nums: List[int], k: int) -> int:\n"
                  "        return sum(sorted(nums)[::-1][:k])\n```")
     v = judge([add, add, call], [good_add, bad_add, good_call])
     assert [x[1] for x in v] == [True, False, True]

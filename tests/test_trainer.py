@@ -257,11 +257,17 @@ def test_truncated_mask_uses_finish_reason():
         ({"mask_truncated_completions": True}, "overlong_filter"),
         ({"steps_per_generation": 3}, "multiple"),
         ({"zero_adv_criterion": "std"}, "zero_adv_criterion"),
+        ({"gradient_checkpointing_kwargs": "use_reentrant"}, "gradient_checkpointing_kwargs"),
     ],
 )
 def test_config_rejects_unsupported(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):
         _config(tmp_path, **kw)
+
+
+def test_config_accepts_json_object_checkpointing_kwargs(tmp_path):
+    cfg = _config(tmp_path, gradient_checkpointing_kwargs='{"use_reentrant": false}')
+    assert cfg.gradient_checkpointing_kwargs == {"use_reentrant": False}
 
 
 def test_config_maps_clip_ratios_to_trl(tmp_path):

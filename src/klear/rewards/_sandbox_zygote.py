@@ -367,7 +367,7 @@ def _seccomp_works():
                     if k == 0:
                         os._exit(0)
                     ok = os.waitpid(k, 0)[1] == 0
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             ok = False
         os._exit(0 if ok else 1)
     return os.waitpid(pid, 0)[1] == 0
@@ -401,11 +401,12 @@ def _set_limits(limits):
 
 
 def _fresh_stdio():
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+    # sys.__std*__ are Final to type checkers; the child rebinds them to its own descriptors 0-2
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]
         io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8", errors="replace")
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
         io.BufferedWriter(io.FileIO(1, "wb", closefd=False), 1 << 16), encoding="utf-8", errors="replace")
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
         io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding="utf-8", errors="backslashreplace",
         line_buffering=True)
 
@@ -415,7 +416,7 @@ def _finish_threads():
     if threading is not None:
         try:
             threading._shutdown()
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             pass
 
 
@@ -423,7 +424,7 @@ def _flush_and_exit(code):
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             pass
     os._exit(code)
 
@@ -436,7 +437,7 @@ def _exit_code(exc):
         return code & 0xFF
     try:
         sys.stderr.write(f"{code}\n")
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         pass
     return 1
 
@@ -446,11 +447,11 @@ def _run_stdio_program(src, path):
     g = {"__name__": "__main__", "__builtins__": builtins, "__file__": "solution.py"}
     code = 0
     try:
-        exec(compile(src, path, "exec"), g)  # noqa: S102
+        exec(compile(src, path, "exec"), g)
         _finish_threads()
     except SystemExit as e:
         code = _exit_code(e)
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         traceback.print_exc()
         code = 1
     _flush_and_exit(code)
@@ -604,8 +605,8 @@ class _Codec:
         if t == "iter":
             return iter([dec(y) for y in v])
         if t in ("fractions", "decimal"):
-            import fractions
             import decimal
+            import fractions
             return fractions.Fraction(v) if t == "fractions" else decimal.Decimal(v)
         if t == "ref":
             return memo[x["id"]]
@@ -631,20 +632,20 @@ def _run_rpc_program(src, prefix_src, setup_src):
     value_classes = []
     try:
         if prefix_src:
-            exec(compile(prefix_src, "prefix.py", "exec"), ns)  # noqa: S102
+            exec(compile(prefix_src, "prefix.py", "exec"), ns)
             value_classes = [k for k, v in ns.items() if isinstance(v, type) and not k.startswith("_")]
         if src is None:
             raise FileNotFoundError("solution.py")
-        exec(compile(src, "solution.py", "exec"), ns)  # noqa: S102
+        exec(compile(src, "solution.py", "exec"), ns)
         setup_names = []
         if setup_src:
             before = {k: id(v) for k, v in ns.items()}
-            exec(compile(setup_src, "setup.py", "exec"), ns)  # noqa: S102
+            exec(compile(setup_src, "setup.py", "exec"), ns)
             setup_names = [k for k, v in ns.items() if before.get(k) != id(v)]
     except SystemExit as e:
         _rpc_send(wfd, {"op": protocol.OP_LOADED, "ok": False, "error": f"SystemExit({e.code!r}) while loading"})
         _flush_and_exit(1)
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         _rpc_send(wfd, {"op": protocol.OP_LOADED, "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
         _flush_and_exit(1)
     names = {}
@@ -675,7 +676,7 @@ def _run_rpc_program(src, prefix_src, setup_src):
             reply = {"ok": True, "value": codec.encode(result)}
         except SystemExit as e:
             reply = {"ok": False, "error": f"SystemExit({e.code!r})"}
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             reply = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
         try:
             _rpc_send(wfd, reply)
@@ -736,10 +737,10 @@ def _child(req, fds, is_root):
             _run_stdio_program(sources["program"], os.path.basename(req["program"]))
         else:
             _run_rpc_program(sources["program"], sources["prefix"], sources["setup"])
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         try:
             traceback.print_exc()
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             pass
     os._exit(121)
 
@@ -756,7 +757,7 @@ def _reaper(uid):
                 os.kill(-1, signal.SIGKILL)
             except ProcessLookupError:
                 break
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         os._exit(1)
     os._exit(0)
 
@@ -796,16 +797,16 @@ def _kill_leftovers(uid, spawned, is_root):
                     pass
         while True:  # collect what died
             try:
-                p, _ = os.waitpid(-1, os.WNOHANG)
+                p, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if p == 0:
                 break
             if p in spawned:  # another run's exit: keep it for the caller
-                _PENDING.append((p, _))
+                _PENDING.append((p, status))
 
 
-_PENDING = []
+_PENDING: list[tuple[int, int]] = []  # (pid, wait status) of exits reaped by another run's cleanup
 
 
 def main():

@@ -153,11 +153,11 @@ def _join_in_background(pool: ProcessPool) -> None:
     def _reap() -> None:
         try:
             pool.join(timeout=DEFAULT_QUEUE_LIMIT_S)
-        except Exception:  # noqa: BLE001 - best effort
+        except Exception:
             try:
                 pool.stop()
                 pool.join(timeout=10)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
     threading.Thread(target=_reap, name="klear-reward-pool-reaper", daemon=True).start()
@@ -171,7 +171,7 @@ def _shutdown_all() -> None:  # pragma: no cover - exercised at interpreter exit
     for p in list(_LIVE_POOLS):
         try:
             p.shutdown(wait_s=2.0)
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -197,9 +197,12 @@ def _channel_lock_is_wedged(pool: ProcessPool, timeout_s: float = LOCK_PROBE_S) 
     (5.x); when they are missing the check says "not wedged" and the queue limit remains.
     """
     try:
-        mutex = pool._pool_manager.worker_manager.workers_channel.mutex
+        channel = pool._pool_manager.worker_manager.workers_channel
+        if channel is None:
+            return False
+        mutex = channel.mutex
         acquired = mutex.acquire(block=True, timeout=timeout_s)
-    except Exception:  # noqa: BLE001 - other pebble version, closed channel
+    except Exception:
         return False
     if acquired:
         mutex.release()
@@ -270,7 +273,7 @@ class TimedProcessPool:
                 try:
                     pool.stop()
                     _join_in_background(pool)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
                 pool = None
             if pool is None:
@@ -288,7 +291,7 @@ class TimedProcessPool:
             try:
                 pool.stop()
                 _join_in_background(pool)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
     def resize(self, max_workers: int) -> None:
@@ -317,7 +320,7 @@ class TimedProcessPool:
             try:
                 pool.stop()
                 pool.join(timeout=wait_s)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
     def _check_wedged(self, pool: ProcessPool | None, *, force: bool = False) -> bool:
@@ -376,7 +379,7 @@ class TimedProcessPool:
                 future = pool.schedule(fn, args=args, timeout=timeout_s)
                 future._klear_pool = pool  # type: ignore[attr-defined]  # for wait()
                 return future
-            except Exception as exc:  # noqa: BLE001 - "The Pool is not active", OSError, ...
+            except Exception as exc:
                 last = exc
                 if pool is not None:
                     self._discard(pool)
@@ -414,7 +417,7 @@ class TimedProcessPool:
                 return TaskOutcome("crashed", detail=f"worker died (exit code {exc.exitcode})")
             except BrokenProcessPool as exc:
                 return TaskOutcome("pool_error", detail=repr(exc))
-            except BaseException as exc:  # noqa: BLE001 - raised inside the worker function
+            except BaseException as exc:
                 return TaskOutcome("error", detail=repr(exc)[:500])
             now = time.monotonic()
             if now - t_submit > STALL_CHECK_S and self._check_wedged(pool):

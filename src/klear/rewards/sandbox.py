@@ -83,6 +83,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -403,7 +404,7 @@ def _isolation_mode(config: SandboxConfig) -> str:
 
 
 class _Zygote:
-    def __init__(self, mode: str = "native", scratch_bytes: int = 256 << 20, cgroup_fds: list[int] = ()) -> None:
+    def __init__(self, mode: str = "native", scratch_bytes: int = 256 << 20, cgroup_fds: Sequence[int] = ()) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = parent
         root = _sandbox_root()
@@ -472,7 +473,7 @@ class _Zygote:
             self.replies[msg["id"]] = msg
         return True
 
-    def request(self, req: dict, fds: list[int] = (), timeout: float = 30.0) -> dict:
+    def request(self, req: dict, fds: Sequence[int] = (), timeout: float = 30.0) -> dict:
         self._next += 1
         req = dict(req, id=str(self._next))
         protocol.send_packet(self.sock, req, fds)
@@ -545,7 +546,7 @@ class Sandbox:
     def isolation(self) -> str:
         """One line saying how strongly runs are isolated here."""
         z = self._ensure()
-        parts = [("uid %d (unprivileged)" % self.uid) if self.uid is not None else "caller's uid (NOT separated)"]
+        parts = [f"uid {self.uid} (unprivileged)" if self.uid is not None else "caller's uid (NOT separated)"]
         parts.extend(z.hello.get("notes", []))
         if self._cgroup is not None:
             parts.extend(self._cgroup.notes or ["no cgroup: memory capped per process only"])

@@ -88,6 +88,7 @@ import json
 import math
 import socket
 import struct
+from collections.abc import Sequence
 
 # ------------------------------------------------------------------------- control channel
 
@@ -109,7 +110,7 @@ MODE_STDIO = "stdio"
 MODE_RPC = "rpc"
 
 
-def send_packet(sock: socket.socket, obj: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
+def send_packet(sock: socket.socket, obj: dict, fds: Sequence[int] = ()) -> None:
     """Send *obj* as one control packet, with *fds* attached (``SCM_RIGHTS``) when there are any.
 
     Raises:

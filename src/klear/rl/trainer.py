@@ -79,10 +79,10 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
-from transformers import TrainerCallback
+from transformers import PreTrainedModel, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
@@ -174,6 +174,9 @@ class GPPOConfig(GRPOConfig):
         self.epsilon_high = self.clip_ratio_high
         self.loss_type = "dapo"  # only TRL-side bookkeeping; the loss is ours
         super().__post_init__()
+        if isinstance(self.gradient_checkpointing_kwargs, str):  # JSON object text was parsed by TrainingArguments
+            raise ValueError(f"GPPOConfig.gradient_checkpointing_kwargs must be a dict or JSON object text, "
+                             f"got {self.gradient_checkpointing_kwargs!r}")
         if self.steps_per_generation % self.gradient_accumulation_steps != 0:
             raise ValueError(
                 f"steps_per_generation ({self.steps_per_generation}) must be a multiple of gradient_accumulation_steps "
@@ -188,6 +191,7 @@ class GPPOConfig(GRPOConfig):
     @property
     def optimizer_steps_per_generation(self) -> int:
         """Optimizer steps taken on one rollout batch (the paper's off-policy mini-batches; 8 for math)."""
+        assert self.steps_per_generation is not None, "GRPOConfig.__post_init__ always sets it"
         return self.steps_per_generation // self.gradient_accumulation_steps
 
 
@@ -199,7 +203,7 @@ class _PhaseTimer(TrainerCallback):
     """Closes each optimizer step's timing window: ``optimizer`` is the time from the end of the step's last
     micro-batch to ``on_step_end`` (gradient clipping, ``optimizer.step``, LR scheduler, ``zero_grad``)."""
 
-    def __init__(self, trainer: "GPPOTrainer"):
+    def __init__(self, trainer: GPPOTrainer):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -282,7 +286,7 @@ def drop_filtered_samples(micro_batches: list[dict[str, Any]]) -> list[dict[str,
         kept = torch.cat([kept, dropped[: n - kept.numel()]])
     out = []
     for idx in torch.tensor_split(kept, n):
-        mb = {}
+        mb: dict[str, Any] = {}
         for key, value in full.items():
             if isinstance(value, torch.Tensor) and value.ndim > 0:
                 mb[key] = value[idx.to(value.device)]
@@ -330,6 +334,7 @@ class GPPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "gppo", "klear"]
     _name = "GPPO"
+    args: GPPOConfig  # __init__ refuses any other args
 
     def __init__(self, model, reward_funcs=None, args: GPPOConfig | None = None, **kwargs):
         if args is None:
@@ -415,7 +420,7 @@ class GPPOTrainer(GRPOTrainer):
         rollout, self._klear_rollout = self._klear_rollout, None
         if rollout is None:  # pragma: no cover - TRL always scores through _calculate_rewards
             raise RuntimeError("TRL did not call _calculate_rewards; GPPOTrainer cannot compute advantages")
-        args: GPPOConfig = self.args
+        args = self.args
         device = output["completion_ids"].device
         mode = "train" if self.model.training else "eval"
 
@@ -487,11 +492,16 @@ class GPPOTrainer(GRPOTrainer):
         computed when each rollout batch feeds exactly one optimizer step (on-policy: ``_compute_loss`` then
         uses ``log_prob.detach()`` and its entropies).
         """
+        assert self.args.steps_per_generation is not None, "GRPOConfig.__post_init__ always sets it"
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self.args.gradient_accumulation_steps % generate_every == 0:
             return
         with_entropy = self.args.loss_settings().mode.needs_old_entropies
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        ckpt_kwargs = self.args.gradient_checkpointing_kwargs
+        assert not isinstance(ckpt_kwargs, str), "GPPOConfig.__post_init__ refuses text kwargs"
+        # the policy is a PreTrainedModel (a PeftModel forwards the checkpointing methods it needs)
+        policy = cast(PreTrainedModel, self.model)
+        with torch.no_grad(), disable_gradient_checkpointing(policy, ckpt_kwargs):
             for mb in micro_batches:
                 if mb.get("old_per_token_logps") is None:
                     log_prob, entropies = self._timed("old_log_prob", self._policy_log_probs, self.model, mb,

@@ -134,7 +134,7 @@ def verl_divisors(config: Any) -> tuple[float | None, float | None]:
     """
     info = _get(config, "global_batch_info") or {}
     dp_size = int(info.get("dp_size", 1) or 1)
-    out = []
+    out: list[float | None] = []
     for key in ("batch_num_tokens", "global_batch_size"):
         value = info.get(key)
         if value is None:

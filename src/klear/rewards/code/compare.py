@@ -59,9 +59,8 @@ def outputs_match(actual: str | bytes, expected: str, float_tol: float = DEFAULT
     # token streams (no list of millions of tokens for a 30 MB output)
     a = (m.group(0) for m in _TOKEN.finditer(actual))
     e = (m.group(0) for m in _TOKEN.finditer(expected))
-    missing = object()
-    for x, y in itertools.zip_longest(a, e, fillvalue=missing):
-        if x is missing or y is missing:
+    for x, y in itertools.zip_longest(a, e):  # tokens are str: None marks the shorter stream's end
+        if x is None or y is None:
             return False
         if x == y or (case_insensitive and x.casefold() == y.casefold()):
             continue

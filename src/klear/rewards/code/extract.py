@@ -20,7 +20,8 @@ _PY_TAGS = {"python", "py", "python3", "py3"}
 def _fenced_blocks(text: str) -> Iterator[tuple[str, str]]:
     """Yield ``(tag, content)`` for each closed fenced block, in order; one linear pass over the
     lines (a closing fence is a line of only the fence character, at least as long as the opening)."""
-    marker = tag = None
+    marker: str | None = None
+    tag = ""
     buf: list[str] = []
     for line in text.split("\n"):
         if marker is None:
@@ -51,11 +52,12 @@ def extract_code(solution_str: str, *, require_think: bool = False) -> str | Non
     """
     if not isinstance(solution_str, str):
         return None
-    solution_str, _ = answer_region(solution_str, require_think=require_think)
-    if solution_str is None:
+    region, _ = answer_region(solution_str, require_think=require_think)
+    if region is None:
         return None
-    tagged, untagged = None, None
-    for tag, content in _fenced_blocks(solution_str):
+    tagged: str | None = None
+    untagged: str | None = None
+    for tag, content in _fenced_blocks(region):
         if tag in _PY_TAGS:
             tagged = content
         elif tag == "":

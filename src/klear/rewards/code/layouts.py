@@ -49,7 +49,7 @@ import keyword
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from klear.rewards.code.compare import DEFAULT_FLOAT_TOL
 
@@ -76,6 +76,16 @@ class CodeTests:
     @property
     def total(self) -> int:
         return len(self.tests) if self.format == "assert" else len(self.inputs)
+
+
+class _CommonFields(TypedDict):
+    """The :class:`CodeTests` fields every layout takes."""
+
+    prefix: str
+    setup: str
+    float_tol: float
+    time_limit_s: float | None
+    case_insensitive: bool
 
 
 def _as_str_list(v: Any, what: str) -> tuple[str, ...]:
@@ -143,8 +153,8 @@ def parse_ground_truth(ground_truth: Any, extra_info: dict | None = None) -> Cod
         raise ValueError(f"ground_truth.case_insensitive must be true or false, got {caseless!r}")
     if caseless and fmt == "assert":
         raise ValueError("ground_truth.case_insensitive applies to 'stdio' and 'call' tests, not 'assert'")
-    common = dict(prefix=prefix, setup=setup, float_tol=float(tol), time_limit_s=None if tl is None else float(tl),
-                  case_insensitive=caseless)
+    common = _CommonFields(prefix=prefix, setup=setup, float_tol=float(tol),
+                           time_limit_s=None if tl is None else float(tl), case_insensitive=caseless)
     if fmt == "stdio":
         inputs = _as_str_list(gt.get("inputs"), "inputs")
         outputs = _as_str_list(gt.get("outputs"), "outputs")
@@ -157,17 +167,17 @@ def parse_ground_truth(ground_truth: Any, extra_info: dict | None = None) -> Cod
         fn = gt.get("fn_name")
         if not _is_name(fn):
             raise ValueError(f"ground_truth.fn_name must be a function name, got {fn!r}")
-        inputs, outputs = gt.get("inputs"), gt.get("outputs")
-        if not isinstance(inputs, list) or not isinstance(outputs, list):
+        arg_lists, results = gt.get("inputs"), gt.get("outputs")
+        if not isinstance(arg_lists, list) or not isinstance(results, list):
             raise ValueError("ground_truth.inputs and .outputs must be lists for format 'call'")
-        if len(inputs) != len(outputs):
-            raise ValueError(f"ground_truth has {len(inputs)} inputs but {len(outputs)} outputs")
-        if not inputs:
+        if len(arg_lists) != len(results):
+            raise ValueError(f"ground_truth has {len(arg_lists)} inputs but {len(results)} outputs")
+        if not arg_lists:
             raise ValueError("ground_truth has no tests")
-        for i, a in enumerate(inputs):
+        for i, a in enumerate(arg_lists):
             if not isinstance(a, list):
                 raise ValueError(f"ground_truth.inputs[{i}] must be a list of arguments, got {type(a).__name__}")
-        return CodeTests("call", inputs=tuple(inputs), outputs=tuple(outputs), fn_name=fn, **common)
+        return CodeTests("call", inputs=tuple(arg_lists), outputs=tuple(results), fn_name=fn, **common)
     if fmt == "assert":
         if "tests" in gt:
             tests = _as_str_list(gt["tests"], "tests")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,10 @@ class _RemoteMethod:
 
     def __repr__(self) -> str:
         return f"<sandboxed method {self._attr}>"
+
+
+# the containers the wire carries as a list of items (sandbox_protocol's value tags)
+_CONTAINERS: dict[str, Callable[[list[Any]], Any]] = {"tuple": tuple, "set": set, "frozenset": frozenset, "iter": iter}
 
 
 class _Codec:
@@ -163,7 +168,7 @@ class _Codec:
             items = [dec(y) for y in v]
             if t in ("set", "frozenset"):
                 self._no_collisions(items)
-            return {"tuple": tuple, "set": set, "frozenset": frozenset, "iter": iter}[t](items)
+            return _CONTAINERS[t](items)
         if t == "dict" and type(v) is list:
             pairs = []
             for pair in v:
@@ -192,7 +197,7 @@ class _Codec:
             return Remote(self.session, {"handle": x["id"]}, str(x.get("cls", "object"))[:100])
         if t == "obj" and type(v) is dict and x.get("cls") in self.value_classes:
             cls = self.value_classes[x["cls"]]
-            obj = object.__new__(cls)
+            obj: Any = object.__new__(cls)
             memo[x.get("id")] = obj
             for k, w in v.items():
                 if not isinstance(k, str):

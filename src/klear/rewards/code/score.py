@@ -116,8 +116,8 @@ _CANARY_CALL = "class Solution:\n    def add(self, a, b):\n        return a + b\
 _CANARY_NUMPY = "import numpy as np\na = np.arange(64.0).reshape(8, 8)\nprint(int((a @ a).trace()))\n"
 
 
-def _canaries(config: SandboxConfig) -> list[tuple[str, str, dict]]:
-    out = [
+def _canaries(config: SandboxConfig) -> list[tuple[str, str, dict[str, Any]]]:
+    out: list[tuple[str, str, dict[str, Any]]] = [
         ("stdio", f"```python\n{_CANARY_STDIO}```", {"format": "stdio", "inputs": ["3 4\n"], "outputs": ["7\n"]}),
         ("call", f"```python\n{_CANARY_CALL}```",
          {"format": "call", "fn_name": "add", "inputs": [[2, 3], [[1], [2]]], "outputs": [5, [1, 2]]}),
@@ -277,12 +277,11 @@ def _config_from_kwargs(sandbox_config: SandboxConfig | None, time_limit_s: floa
     if time_limit_s is None and timeout_s is None:
         return sandbox_config
     base = sandbox_config or SandboxConfig()
-    changes = {}
-    if time_limit_s is not None:
-        changes["time_limit_s"] = float(time_limit_s)
-    if timeout_s is not None:
-        changes["program_time_limit_s"] = float(timeout_s)
-    return dataclasses.replace(base, **changes)
+    return dataclasses.replace(
+        base,
+        time_limit_s=base.time_limit_s if time_limit_s is None else float(time_limit_s),
+        program_time_limit_s=base.program_time_limit_s if timeout_s is None else float(timeout_s),
+    )
 
 
 def code_score(
