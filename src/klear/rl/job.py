@@ -151,6 +151,7 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
     validate_job_config(config, source)
     import torch
     from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
 
     from klear.eval.heldout import paired_difference
     from klear.rl.callbacks import MetricsJsonlCallback
@@ -160,7 +161,9 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
     from klear.runs import check_prompt_context, eval_settings, finish_run, heldout_eval, prepare_run, start_run
     from klear.utils.plotting import RL_PANELS
 
-    config_cls, trainer_cls = GPPOConfig, GPPOTrainer
+    # GPPO, or plain TRL GRPO as the experiments' peer arm (both are GRPOConfig / GRPOTrainer subclasses)
+    config_cls: type[GRPOConfig] = GPPOConfig
+    trainer_cls: type[GRPOTrainer] = GPPOTrainer
     if config.get("trainer_impl") == "trl_grpo":
         from klear.rl.trl_peer import TRLPeerConfig, TRLPeerTrainer, peer_trainer_section
 
