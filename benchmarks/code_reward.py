@@ -35,7 +35,13 @@ from klear.rewards.code_reward import (
 
 
 def naive_one(problem: dict) -> bool:
-    src = problem["prompt"] + problem["canonical_solution"] + "\n" + problem["test"] + f"\ncheck({problem['entry_point']})\n"
+    src = (
+        problem["prompt"]
+        + problem["canonical_solution"]
+        + "\n"
+        + problem["test"]
+        + f"\ncheck({problem['entry_point']})\n"
+    )
     try:
         r = subprocess.run([sys.executable, "-c", src], capture_output=True, timeout=10)
     except subprocess.TimeoutExpired:
@@ -50,8 +56,10 @@ def main() -> None:
     args = ap.parse_args()
     problems = list(read_problems().values()) * args.copies
     n = len(problems)
-    print(f"workload: {n} programs (HumanEval x {args.copies}), 1 test each; {args.workers} workers; "
-          f"{os.cpu_count()} CPUs; load average before: {os.getloadavg()[0]:.2f}")
+    print(
+        f"workload: {n} programs (HumanEval x {args.copies}), 1 test each; {args.workers} workers; "
+        f"{os.cpu_count()} CPUs; load average before: {os.getloadavg()[0]:.2f}"
+    )
 
     rows = []
     t0 = time.perf_counter()
@@ -64,11 +72,15 @@ def main() -> None:
     rows.append((f"naive, {args.workers} threads", time.perf_counter() - t0, ok))
 
     # warm the pool (worker start + zygote) outside the timed region, as a trainer would be
-    code_score_batch_detailed([humaneval_canonical_response(problems[0])], [humaneval_ground_truth(problems[0])],
-                              max_workers=args.workers)
+    code_score_batch_detailed(
+        [humaneval_canonical_response(problems[0])], [humaneval_ground_truth(problems[0])], max_workers=args.workers
+    )
     t0 = time.perf_counter()
-    res = code_score_batch_detailed([humaneval_canonical_response(p) for p in problems],
-                                    [humaneval_ground_truth(p) for p in problems], max_workers=args.workers)
+    res = code_score_batch_detailed(
+        [humaneval_canonical_response(p) for p in problems],
+        [humaneval_ground_truth(p) for p in problems],
+        max_workers=args.workers,
+    )
     rows.append((f"klear sandbox, {args.workers} workers", time.perf_counter() - t0, sum(r.reward == 1.0 for r in res)))
     get_code_pool().shutdown()
 
@@ -76,8 +88,10 @@ def main() -> None:
     print(f"{'judge':<28}{'seconds':>9}{'tests/s':>10}{'programs/s':>12}{'passed':>9}{'speed-up':>10}")
     for name, secs, passed in rows:
         print(f"{name:<28}{secs:>9.2f}{n / secs:>10.1f}{n / secs:>12.1f}{passed:>6}/{n:<3}{base / secs:>9.1f}x")
-    print(f"klear vs naive sequential: {rows[0][1] / rows[2][1]:.1f}x; "
-          f"klear vs naive with {args.workers} threads: {rows[1][1] / rows[2][1]:.1f}x")
+    print(
+        f"klear vs naive sequential: {rows[0][1] / rows[2][1]:.1f}x; "
+        f"klear vs naive with {args.workers} threads: {rows[1][1] / rows[2][1]:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def generate(folder: Path, rows: int, seed: int) -> dict:
                 src = problems[int(rng.integers(len(problems)))].split()
                 if len(src) >= 14:
                     a = int(rng.integers(0, len(src) - 12))
-                    span = src[a:a + 12]
+                    span = src[a : a + 12]
                     span = " ".join(span[:5]).upper() + "\n   " + "  ".join(span[5:])
                     words = text.split(" ")
                     cut = len(words) // 2
@@ -104,10 +104,13 @@ def generate(folder: Path, rows: int, seed: int) -> dict:
             elif u < 0.0055 and short:
                 text = short[int(rng.integers(len(short)))].upper()
                 planted.append(r)
-            row = {"prompt": [{"role": "user", "content": text + "\n\n" + INSTRUCTION}],
-                   "data_source": "math_synthetic", "ability": "math",
-                   "reward_model": {"style": "rule", "ground_truth": str(r % 1000)},
-                   "extra_info": {"index": r, "split": "train"}}
+            row = {
+                "prompt": [{"role": "user", "content": text + "\n\n" + INSTRUCTION}],
+                "data_source": "math_synthetic",
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(r % 1000)},
+                "extra_info": {"index": r, "split": "train"},
+            }
             fh.write(json.dumps(row) + "\n")
     return {"train": str(train), "bench": bench_files, "planted": planted, "bench_problems": len(problems)}
 
@@ -120,8 +123,10 @@ def _peak_mib() -> tuple[float, float]:
 
 def _cpu_seconds() -> float:
     """CPU seconds of this process and its waited-for children (user + system)."""
-    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+    return sum(
+        r.ru_utime + r.ru_stime
+        for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
 
 
 def run_ours(train: str, out: str, bench: list[str], n: int, workers: int) -> dict:
@@ -132,9 +137,15 @@ def run_ours(train: str, out: str, bench: list[str], n: int, workers: int) -> di
     report = decontaminate_file(train, out, bench, n=n, workers=workers, progress=False, quiet=True)
     seconds = time.perf_counter() - t
     main, children = _peak_mib()
-    return {"seconds": seconds, "rows": report["rows_in"], "kept": report["rows_out"],
-            "peak_mib": main, "workers_peak_mib": children, "index_seconds": report["index_seconds"],
-            "cpu_seconds": _cpu_seconds() - cpu0}
+    return {
+        "seconds": seconds,
+        "rows": report["rows_in"],
+        "kept": report["rows_out"],
+        "peak_mib": main,
+        "workers_peak_mib": children,
+        "index_seconds": report["index_seconds"],
+        "cpu_seconds": _cpu_seconds() - cpu0,
+    }
 
 
 def run_baseline(train: str, out: str, bench: list[str], n: int) -> dict:
@@ -173,8 +184,15 @@ def run_baseline(train: str, out: str, bench: list[str], n: int) -> dict:
             kept += 1
     seconds = time.perf_counter() - t
     main, children = _peak_mib()
-    return {"seconds": seconds, "rows": rows, "kept": kept, "peak_mib": main, "workers_peak_mib": children,
-            "index_seconds": index_seconds, "cpu_seconds": _cpu_seconds() - cpu0}
+    return {
+        "seconds": seconds,
+        "rows": rows,
+        "kept": kept,
+        "peak_mib": main,
+        "workers_peak_mib": children,
+        "index_seconds": index_seconds,
+        "cpu_seconds": _cpu_seconds() - cpu0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     if ns._impl:  # child process: one implementation
         a = json.loads(ns._args)
-        res = (run_ours(a["train"], a["out"], a["bench"], ns.n, ns.workers) if ns._impl == "ours"
-               else run_baseline(a["train"], a["out"], a["bench"], ns.n))
+        res = (
+            run_ours(a["train"], a["out"], a["bench"], ns.n, ns.workers)
+            if ns._impl == "ours"
+            else run_baseline(a["train"], a["out"], a["bench"], ns.n)
+        )
         print(json.dumps(res))
         return 0
 
@@ -199,16 +220,34 @@ def main(argv: list[str] | None = None) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
         data = generate(folder, ns.rows, ns.seed)
-        print(f"generated {ns.rows} training prompts and {data['bench_problems']} benchmark problems "
-              f"({', '.join(f'{k} {v}' for k, v in BENCH_SIZES.items())}) in {time.perf_counter() - t:.1f} s; "
-              f"{len(data['planted'])} planted contaminations", flush=True)
+        print(
+            f"generated {ns.rows} training prompts and {data['bench_problems']} benchmark problems "
+            f"({', '.join(f'{k} {v}' for k, v in BENCH_SIZES.items())}) in {time.perf_counter() - t:.1f} s; "
+            f"{len(data['planted'])} planted contaminations",
+            flush=True,
+        )
         load_before = os.getloadavg()[0]
         results = {}
         for impl in ("ours", "baseline"):
             out = str(folder / f"kept_{impl}.jsonl")
             args = json.dumps({"train": data["train"], "out": out, "bench": data["bench"]})
-            proc = subprocess.run([sys.executable, __file__, "--_impl", impl, "--_args", args, "--n", str(ns.n),
-                                   "--workers", str(ns.workers)], capture_output=True, text=True, check=False)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--_impl",
+                    impl,
+                    "--_args",
+                    args,
+                    "--n",
+                    str(ns.n),
+                    "--workers",
+                    str(ns.workers),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if proc.returncode != 0:
                 print(proc.stdout, proc.stderr, file=sys.stderr)
                 return 1
@@ -217,18 +256,26 @@ def main(argv: list[str] | None = None) -> int:
         same = Path(results["ours"]["out"]).read_bytes() == Path(results["baseline"]["out"]).read_bytes()
         kept_ids = {json.loads(line)["extra_info"]["index"] for line in open(results["ours"]["out"])}
         planted_left = [r for r in data["planted"] if r in kept_ids]
-        print(f"machine: {os.cpu_count()} CPUs, 1-min load average {load_before:.2f} before the runs, "
-              f"{os.getloadavg()[0]:.2f} after; workers={ns.workers}, n={ns.n}")
-        print(f"{'impl':10s} {'rows/s':>10s} {'seconds':>8s} {'index s':>8s} {'CPU s':>7s} {'kept':>8s} "
-              f"{'peak MiB':>9s} {'workers MiB':>12s}")
+        print(
+            f"machine: {os.cpu_count()} CPUs, 1-min load average {load_before:.2f} before the runs, "
+            f"{os.getloadavg()[0]:.2f} after; workers={ns.workers}, n={ns.n}"
+        )
+        print(
+            f"{'impl':10s} {'rows/s':>10s} {'seconds':>8s} {'index s':>8s} {'CPU s':>7s} {'kept':>8s} "
+            f"{'peak MiB':>9s} {'workers MiB':>12s}"
+        )
         for impl, r in results.items():
-            print(f"{impl:10s} {r['rows'] / r['seconds']:10.0f} {r['seconds']:8.2f} {r['index_seconds']:8.2f} "
-                  f"{r['cpu_seconds']:7.2f} {r['kept']:8d} {r['peak_mib']:9.1f} {r['workers_peak_mib']:12.1f}")
+            print(
+                f"{impl:10s} {r['rows'] / r['seconds']:10.0f} {r['seconds']:8.2f} {r['index_seconds']:8.2f} "
+                f"{r['cpu_seconds']:7.2f} {r['kept']:8d} {r['peak_mib']:9.1f} {r['workers_peak_mib']:12.1f}"
+            )
         ratio = results["baseline"]["seconds"] / results["ours"]["seconds"]
         cpu_ratio = results["baseline"]["cpu_seconds"] / results["ours"]["cpu_seconds"]
-        print(f"ratio (ours / baseline rows/s): {ratio:.2f}x wall clock, {cpu_ratio:.2f}x per CPU second; "
-              f"identical kept rows: {same}; planted contaminations left: {len(planted_left)} of "
-              f"{len(data['planted'])}")
+        print(
+            f"ratio (ours / baseline rows/s): {ratio:.2f}x wall clock, {cpu_ratio:.2f}x per CPU second; "
+            f"identical kept rows: {same}; planted contaminations left: {len(planted_left)} of "
+            f"{len(data['planted'])}"
+        )
         return 0 if same and not planted_left else 1
 
 

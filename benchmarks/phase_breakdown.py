@@ -33,8 +33,10 @@ def breakdown(run: Path) -> dict[str, float]:
 
 def show(name: str, total: dict[str, float]) -> None:
     train = sum(total[p] for p in PHASES)
-    print(f"\n{name}: {int(total['steps'])} optimizer steps, {train:.0f} s in the phases "
-          f"(TRL step_time sum {total['step_time']:.0f} s)")
+    print(
+        f"\n{name}: {int(total['steps'])} optimizer steps, {train:.0f} s in the phases "
+        f"(TRL step_time sum {total['step_time']:.0f} s)"
+    )
     for p in PHASES:
         print(f"  {p:<17}{total[p]:>8.1f} s {100 * total[p] / train:>6.1f}%")
 
@@ -50,9 +52,11 @@ def main(argv: list[str]) -> None:
         show(str(run), total)
         if (run / "eval.json").is_file():
             e = json.loads((run / "eval.json").read_text())
-            print(f"  held-out {e['before']:.3f} -> {e['after']:.3f}, diff {e['mean_diff']:+.3f} "
-                  f"[{e['ci_low']:+.3f}, {e['ci_high']:+.3f}], improved {e['n_improved']} / worsened "
-                  f"{e['n_worsened']}, McNemar p = {e['mcnemar_p']:.3g}")
+            print(
+                f"  held-out {e['before']:.3f} -> {e['after']:.3f}, diff {e['mean_diff']:+.3f} "
+                f"[{e['ci_low']:+.3f}, {e['ci_high']:+.3f}], improved {e['n_improved']} / worsened "
+                f"{e['n_worsened']}, McNemar p = {e['mcnemar_p']:.3g}"
+            )
     if len(totals) > 1:
         show(f"mean of {len(totals)} runs", {k: sum(t[k] for t in totals) / len(totals) for k in totals[0]})
 

@@ -81,12 +81,28 @@ class PeakRSS:
 
 
 def _common(out: str, prompts: int, steps: int) -> dict:
-    return dict(output_dir=out, num_generations=8, per_device_train_batch_size=prompts * 8 // 2,
-                steps_per_generation=2, gradient_accumulation_steps=1, max_completion_length=32, temperature=0.7,
-                max_steps=steps, learning_rate=5e-6, lr_scheduler_type="constant", weight_decay=0.1,
-                max_grad_norm=1.0, bf16=torch.cuda.is_available(), use_cpu=not torch.cuda.is_available(),
-                gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=1, seed=0,
-                disable_tqdm=True)
+    return dict(
+        output_dir=out,
+        num_generations=8,
+        per_device_train_batch_size=prompts * 8 // 2,
+        steps_per_generation=2,
+        gradient_accumulation_steps=1,
+        max_completion_length=32,
+        temperature=0.7,
+        max_steps=steps,
+        learning_rate=5e-6,
+        lr_scheduler_type="constant",
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        bf16=torch.cuda.is_available(),
+        use_cpu=not torch.cuda.is_available(),
+        gradient_checkpointing=False,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+        disable_tqdm=True,
+    )
 
 
 def build(kind: str, model_path: str, dataset, tokenizer, out: str, prompts: int, steps: int):
@@ -100,19 +116,34 @@ def build(kind: str, model_path: str, dataset, tokenizer, out: str, prompts: int
         args = GRPOConfig(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0, **common)
         cls = GRPOTrainer
     elif kind == "klear-same-loss":
-        args = GPPOConfig(loss_mode="ppo_clip", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None,
-                          alpha=0.0, filter_zero_adv_groups=False, **common)
+        args = GPPOConfig(
+            loss_mode="ppo_clip",
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            clip_ratio_c=None,
+            alpha=0.0,
+            filter_zero_adv_groups=False,
+            **common,
+        )
         cls = GPPOTrainer
     elif kind == "klear-gppo":
-        args = GPPOConfig(loss_mode="gppo", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, alpha=0.1,
-                          filter_zero_adv_groups=True, **common)
+        args = GPPOConfig(
+            loss_mode="gppo",
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            clip_ratio_c=10.0,
+            alpha=0.1,
+            filter_zero_adv_groups=True,
+            **common,
+        )
         cls = GPPOTrainer
     else:
         raise ValueError(kind)
     from transformers import PrinterCallback
 
-    trainer = cls(model=model_path, reward_funcs=klear_reward, args=args, train_dataset=dataset,
-                  processing_class=tokenizer)
+    trainer = cls(
+        model=model_path, reward_funcs=klear_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
     trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
     return trainer
 
@@ -137,8 +168,10 @@ class Replay:
     def __call__(self, prompts):
         queues = {k: list(v) for k, v in self.by_prompt.items()}
         order = [queues[self.key(p)].pop(0) for p in prompts]
-        return tuple([field[i] for i in order] if isinstance(field, list) and len(field) == self.n else field
-                     for field in self.recorded)
+        return tuple(
+            [field[i] for i in order] if isinstance(field, list) and len(field) == self.n else field
+            for field in self.recorded
+        )
 
 
 def step_times(trainer) -> list[float]:
@@ -163,10 +196,14 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     demo, _ = load_config("rl_demo")
     data = demo["data"]
-    dataset = make_reasoning_gym_dataset(data["tasks"], size=args.prompts, seed=0,
-                                         system_prompt=data.get("system_prompt"))
-    print(f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {_cpu_flags()}, torch threads "
-          f"{torch.get_num_threads()}, device {'cuda' if torch.cuda.is_available() else 'cpu'}", flush=True)
+    dataset = make_reasoning_gym_dataset(
+        data["tasks"], size=args.prompts, seed=0, system_prompt=data.get("system_prompt")
+    )
+    print(
+        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {_cpu_flags()}, torch threads "
+        f"{torch.get_num_threads()}, device {'cuda' if torch.cuda.is_available() else 'cpu'}",
+        flush=True,
+    )
 
     kinds = ["trl", "klear-same-loss", "klear-gppo"]
     tmp = tempfile.mkdtemp(prefix="klear-rl-step-")
@@ -186,10 +223,12 @@ def main() -> None:
             gen_times[name].append(time.perf_counter() - start)
             if recorded is None:
                 recorded = result
-    print(f"generation of {len(prompts)} samples (median of {args.repeats}): trl "
-          f"{statistics.median(gen_times['trl']):.1f} s, klear {statistics.median(gen_times['klear']):.1f} s, "
-          f"ratio klear/trl {statistics.median(gen_times['klear']) / statistics.median(gen_times['trl']):.2f}",
-          flush=True)
+    print(
+        f"generation of {len(prompts)} samples (median of {args.repeats}): trl "
+        f"{statistics.median(gen_times['trl']):.1f} s, klear {statistics.median(gen_times['klear']):.1f} s, "
+        f"ratio klear/trl {statistics.median(gen_times['klear']) / statistics.median(gen_times['trl']):.2f}",
+        flush=True,
+    )
 
     # 2. training steps on the recorded rollout (one rollout batch = 2 optimizer steps per round)
     replay = Replay(prompts, recorded)
@@ -213,8 +252,10 @@ def main() -> None:
         print(f"{kind:<18}{med:>14.2f}{statistics.mean(times[kind]):>12.2f}{med / base:>8.2f}{peaks[kind]:>9.0f}")
     same = statistics.median(times["klear-same-loss"]) / base
     gppo = statistics.median(times["klear-gppo"]) / base
-    print(f"\nklear trainer overhead (same loss, no filter) = {same:.2f}x TRL's step; with the zero-advantage "
-          f"filter (GPPO demo settings) = {gppo:.2f}x")
+    print(
+        f"\nklear trainer overhead (same loss, no filter) = {same:.2f}x TRL's step; with the zero-advantage "
+        f"filter (GPPO demo settings) = {gppo:.2f}x"
+    )
 
 
 if __name__ == "__main__":

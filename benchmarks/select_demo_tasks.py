@@ -50,8 +50,7 @@ INSTRUCTIONS = {
     "fill": "Write the final answer in the form \\boxed{answer}, replacing answer with the number.",
     "end_with": "Think briefly, then end your reply with: The answer is \\boxed{N}, where N is the final number.",
     "format_line": (
-        "Answer format: first show the calculation, then write \\boxed{} with the result inside it, "
-        "like \\boxed{5}."
+        "Answer format: first show the calculation, then write \\boxed{} with the result inside it, like \\boxed{5}."
     ),
     "answer_is": (
         "Answer format: show the calculation, then write: The answer is \\boxed{N}, with the result in "
@@ -62,12 +61,28 @@ INSTRUCTIONS = {
 ARITH_NOPAREN = {"allow_parentheses": False, "allow_negation": False}
 
 CANDIDATES = [
-    ("basic_arith +- 2x2d", "basic_arithmetic",
-     {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"], **ARITH_NOPAREN}),
-    ("basic_arith +-* 2x1d", "basic_arithmetic",
-     {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-", "*"], **ARITH_NOPAREN}),
-    ("basic_arith +- 3x1d", "basic_arithmetic",
-     {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"], **ARITH_NOPAREN}),
+    (
+        "basic_arith +- 2x2d",
+        "basic_arithmetic",
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"], **ARITH_NOPAREN},
+    ),
+    (
+        "basic_arith +-* 2x1d",
+        "basic_arithmetic",
+        {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+", "-", "*"],
+            **ARITH_NOPAREN,
+        },
+    ),
+    (
+        "basic_arith +- 3x1d",
+        "basic_arithmetic",
+        {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"], **ARITH_NOPAREN},
+    ),
     ("chain_sum 2-3x1-2d", "chain_sum", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}),
     ("products 1-2d", "products", {"min_digits": 1, "max_digits": 2}),
     ("leg_counting 1-2 animals", "leg_counting", {"min_animals": 1, "max_animals": 2, "max_instances": 5}),
@@ -127,8 +142,12 @@ def score(completion: str, gold: str) -> dict:
     numbers = _NUMBER.findall(completion.replace(",", ""))
     strict = last is not None and last.strip() != "" and _verify(gold, last)
     loose = strict or (bool(numbers) and _verify(gold, numbers[-1]))
-    return {"strict": strict, "boxed": boxed is not None, "empty": last is not None and not last.strip(),
-            "loose": loose}
+    return {
+        "strict": strict,
+        "boxed": boxed is not None,
+        "empty": last is not None and not last.strip(),
+        "loose": loose,
+    }
 
 
 def _reward_fn():
@@ -140,16 +159,35 @@ def _reward_fn():
     return compute_scores
 
 
-def run_config(model, tokenizer, label, name, config, instruction, n, max_new_tokens, batch_size, seed,
-               show_examples, few_shot=True):
+def run_config(
+    model,
+    tokenizer,
+    label,
+    name,
+    config,
+    instruction,
+    n,
+    max_new_tokens,
+    batch_size,
+    seed,
+    show_examples,
+    few_shot=True,
+):
     from klear.data.rl_data import DEFAULT_FEW_SHOT, make_reasoning_gym_dataset
     from klear.eval.heldout import generate
 
-    ds = make_reasoning_gym_dataset([{"name": name, "config": config}], size=n, seed=seed, split="test",
-                                    instruction=instruction, few_shot=DEFAULT_FEW_SHOT if few_shot else None)
+    ds = make_reasoning_gym_dataset(
+        [{"name": name, "config": config}],
+        size=n,
+        seed=seed,
+        split="test",
+        instruction=instruction,
+        few_shot=DEFAULT_FEW_SHOT if few_shot else None,
+    )
     t0 = time.time()
-    completions = generate(model, tokenizer, ds["prompt"], max_new_tokens=max_new_tokens,
-                           batch_size=batch_size, show_progress=False)
+    completions = generate(
+        model, tokenizer, ds["prompt"], max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=False
+    )
     secs = time.time() - t0
     golds = [rm["ground_truth"] for rm in ds["reward_model"]]
     scores = [score(c, g) for c, g in zip(completions, golds)]
@@ -160,7 +198,11 @@ def run_config(model, tokenizer, label, name, config, instruction, n, max_new_to
             s["strict"] = r == 1.0
     lengths = [len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions]
     row = {
-        "label": label, "task": name, "config": config, "instruction": instruction, "few_shot": few_shot,
+        "label": label,
+        "task": name,
+        "config": config,
+        "instruction": instruction,
+        "few_shot": few_shot,
         "acc": sum(s["strict"] for s in scores) / n,
         "boxed": sum(s["boxed"] for s in scores) / n,
         "empty": sum(s["empty"] for s in scores) / n,
@@ -181,11 +223,16 @@ def run_config(model, tokenizer, label, name, config, instruction, n, max_new_to
 
 
 def print_row(row, inst_key):
-    print(f"{row['label']:<28} {inst_key:<16} {row['acc']:>5.2f} {row['boxed']:>6.2f} {row['empty']:>6.2f} "
-          f"{row['loose']:>6.2f} {row['len']:>6.1f} {row['truncated']:>6.2f} {row['sec']:>6.1f}", flush=True)
+    print(
+        f"{row['label']:<28} {inst_key:<16} {row['acc']:>5.2f} {row['boxed']:>6.2f} {row['empty']:>6.2f} "
+        f"{row['loose']:>6.2f} {row['len']:>6.1f} {row['truncated']:>6.2f} {row['sec']:>6.1f}",
+        flush=True,
+    )
 
 
-HEADER = f"{'task/config':<28} {'instr':<16} {'acc':>5} {'boxed':>6} {'empty':>6} {'loose':>6} {'len':>6} {'trunc':>6} {'sec':>6}"
+HEADER = f"{'task/config':<28} {'instr':<16} {'acc':>5} " + " ".join(
+    f"{c:>6}" for c in ("boxed", "empty", "loose", "len", "trunc", "sec")
+)
 
 
 def main(argv=None) -> int:
@@ -196,14 +243,30 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--phase", choices=["all", "instructions", "tasks"], default="all")
     ap.add_argument("--instr-n", type=int, default=None, help="problems per run in the instruction phase (default --n)")
-    ap.add_argument("--instructions", nargs="*", default=None, choices=sorted(INSTRUCTIONS),
-                    help="wordings compared in the instruction phase (default all)")
-    ap.add_argument("--instr-tasks", nargs="*", default=list(INSTRUCTION_PHASE_TASKS),
-                    help="task labels used in the instruction phase")
-    ap.add_argument("--instruction", choices=sorted(INSTRUCTIONS), default=None,
-                    help="wording for the task phase (default: best of the instruction phase, else plain)")
-    ap.add_argument("--no-few-shot", action="store_true",
-                    help="task phase without the one-shot demo turn (when --instruction is given or phase=tasks)")
+    ap.add_argument(
+        "--instructions",
+        nargs="*",
+        default=None,
+        choices=sorted(INSTRUCTIONS),
+        help="wordings compared in the instruction phase (default all)",
+    )
+    ap.add_argument(
+        "--instr-tasks",
+        nargs="*",
+        default=list(INSTRUCTION_PHASE_TASKS),
+        help="task labels used in the instruction phase",
+    )
+    ap.add_argument(
+        "--instruction",
+        choices=sorted(INSTRUCTIONS),
+        default=None,
+        help="wording for the task phase (default: best of the instruction phase, else plain)",
+    )
+    ap.add_argument(
+        "--no-few-shot",
+        action="store_true",
+        help="task phase without the one-shot demo turn (when --instruction is given or phase=tasks)",
+    )
     ap.add_argument("--tasks", nargs="*", default=None, help="labels of CANDIDATES to run (default all)")
     ap.add_argument("--show-examples", type=int, default=2)
     ap.add_argument("--json-out", default=None)
@@ -219,8 +282,11 @@ def main(argv=None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     scorer = "klear.rewards.compute_scores" if _reward_fn() is not None else "local math-verify (last box)"
-    print(f"model {path}  threads={torch.get_num_threads()}  n={args.n}  max_new_tokens={args.max_new_tokens}"
-          f"  acc scorer: {scorer}", flush=True)
+    print(
+        f"model {path}  threads={torch.get_num_threads()}  n={args.n}  max_new_tokens={args.max_new_tokens}"
+        f"  acc scorer: {scorer}",
+        flush=True,
+    )
 
     by_label = {c[0]: c for c in CANDIDATES}
     results = []
@@ -232,9 +298,20 @@ def main(argv=None) -> int:
             for shot in (False, True):
                 for label in args.instr_tasks:
                     _, name, config = by_label[label]
-                    row = run_config(model, tokenizer, label, name, config, INSTRUCTIONS[key],
-                                     args.instr_n or args.n, args.max_new_tokens, args.batch_size, args.seed,
-                                     args.show_examples, few_shot=shot)
+                    row = run_config(
+                        model,
+                        tokenizer,
+                        label,
+                        name,
+                        config,
+                        INSTRUCTIONS[key],
+                        args.instr_n or args.n,
+                        args.max_new_tokens,
+                        args.batch_size,
+                        args.seed,
+                        args.show_examples,
+                        few_shot=shot,
+                    )
                     row["instruction_key"] = key
                     row["phase"] = "instructions"
                     results.append(row)
@@ -242,19 +319,35 @@ def main(argv=None) -> int:
                     print_row(row, key + ("+shot" if shot else ""))
         if args.instruction is None:
             best = max(per_variant, key=lambda k: sum(per_variant[k]))
-        print("mean acc per variant: " + ", ".join(
-            f"{k}{'+shot' if sh else ''}={sum(v) / len(v):.2f}" for (k, sh), v in per_variant.items()))
+        print(
+            "mean acc per variant: "
+            + ", ".join(f"{k}{'+shot' if sh else ''}={sum(v) / len(v):.2f}" for (k, sh), v in per_variant.items())
+        )
 
     if args.phase in ("all", "tasks"):
         key, shot = best
-        print(f"\n== phase 2: tasks (instruction {key!r}, one-shot demo {'on' if shot else 'off'}) ==\n" + HEADER,
-              flush=True)
+        print(
+            f"\n== phase 2: tasks (instruction {key!r}, one-shot demo {'on' if shot else 'off'}) ==\n" + HEADER,
+            flush=True,
+        )
         labels = args.tasks or [c[0] for c in CANDIDATES]
         for label in labels:
             _, name, config = by_label[label]
             try:
-                row = run_config(model, tokenizer, label, name, config, INSTRUCTIONS[key], args.n,
-                                 args.max_new_tokens, args.batch_size, args.seed, args.show_examples, few_shot=shot)
+                row = run_config(
+                    model,
+                    tokenizer,
+                    label,
+                    name,
+                    config,
+                    INSTRUCTIONS[key],
+                    args.n,
+                    args.max_new_tokens,
+                    args.batch_size,
+                    args.seed,
+                    args.show_examples,
+                    few_shot=shot,
+                )
             except ValueError as exc:  # e.g. problem space too small for n
                 print(f"{label:<28} skipped: {exc}", flush=True)
                 continue

@@ -10,8 +10,14 @@ from klear.rl.callbacks import MetricsJsonlCallback
 
 
 def _summary(step):  # what transformers' Trainer logs at the end of train()
-    return {"train_runtime": 12.5, "train_samples_per_second": 3.0, "train_steps_per_second": 0.2,
-            "total_flos": 0.0, "train_loss": 0.1, "epoch": 1.0}
+    return {
+        "train_runtime": 12.5,
+        "train_samples_per_second": 3.0,
+        "train_steps_per_second": 0.2,
+        "total_flos": 0.0,
+        "train_loss": 0.1,
+        "epoch": 1.0,
+    }
 
 
 def test_train_summary_is_not_a_step_row_and_does_not_pile_up_on_resume(tmp_path):

@@ -22,10 +22,24 @@ def _aime_rows(n):
 
 
 # ------------------------------------------------------------------------ YAML values
-@pytest.mark.parametrize("raw, value", [
-    ("no", "no"), ("yes", "yes"), ("on", "on"), ("off", "off"), ("y", "y"), ("n", "n"), ("No", "No"),
-    ("true", True), ("false", False), ("True", True), ("FALSE", False), ("1e-6", 1e-6), ("null", None),
-])
+@pytest.mark.parametrize(
+    "raw, value",
+    [
+        ("no", "no"),
+        ("yes", "yes"),
+        ("on", "on"),
+        ("off", "off"),
+        ("y", "y"),
+        ("n", "n"),
+        ("No", "No"),
+        ("true", True),
+        ("false", False),
+        ("True", True),
+        ("FALSE", False),
+        ("1e-6", 1e-6),
+        ("null", None),
+    ],
+)
 def test_overrides_use_yaml_1_2_booleans(raw, value):
     assert parse_override(f"trainer.save_strategy={raw}") == (["trainer", "save_strategy"], value)
 
@@ -34,8 +48,7 @@ def test_recipe_files_use_yaml_1_2_booleans(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("trainer:\n  save_strategy: no\n  logging_strategy: steps\n  bf16: false\n")
     cfg, _ = load_config(str(recipe), ["trainer.eval_strategy=no"])
-    assert cfg["trainer"] == {"save_strategy": "no", "logging_strategy": "steps", "bf16": False,
-                              "eval_strategy": "no"}
+    assert cfg["trainer"] == {"save_strategy": "no", "logging_strategy": "steps", "bf16": False, "eval_strategy": "no"}
     assert apply_overrides({}, ["a.b=off"]) == {"a": {"b": "off"}}
 
 
@@ -53,11 +66,14 @@ def test_yaml_syntax_error_is_one_line_with_its_position(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------- argparse errors
-@pytest.mark.parametrize("argv, needle", [
-    (["eval", "--n", "abc"], "klear eval: error: argument --n: invalid int value: 'abc' (see klear eval --help)"),
-    (["data", "filter", "pass-at-k"], "klear data filter pass-at-k: error: the following arguments are required"),
-    (["bogus"], "klear: error: argument command: invalid choice: 'bogus'"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["eval", "--n", "abc"], "klear eval: error: argument --n: invalid int value: 'abc' (see klear eval --help)"),
+        (["data", "filter", "pass-at-k"], "klear data filter pass-at-k: error: the following arguments are required"),
+        (["bogus"], "klear: error: argument command: invalid choice: 'bogus'"),
+    ],
+)
 def test_usage_errors_are_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
@@ -70,14 +86,17 @@ def test_usage_errors_are_one_line(argv, needle, capsys):
 def test_decontaminate_with_the_option_first_keeps_in_and_out(tmp_path, capsys):
     aime = shared_file("math", "aime24.qs.jsonl")
     first = json.loads(aime.read_text().splitlines()[0])["messages"][0]["content"]
-    rows = [{"prompt": [{"role": "user", "content": first}], "data_source": "math", "extra_info": {"index": 0}},
-            {"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "data_source": "math",
-             "extra_info": {"index": 1}}]
+    rows = [
+        {"prompt": [{"role": "user", "content": first}], "data_source": "math", "extra_info": {"index": 0}},
+        {"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "data_source": "math", "extra_info": {"index": 1}},
+    ]
     inp = _jsonl(tmp_path / "in.jsonl", rows)
     a, b, c = (str(tmp_path / f"{x}.jsonl") for x in "abc")
-    for argv, out in ((["--against", str(aime), str(inp), a], a),
-                      ([str(inp), "--against", str(aime), b], b),
-                      ([str(inp), c, "--against", str(aime)], c)):
+    for argv, out in (
+        (["--against", str(aime), str(inp), a], a),
+        ([str(inp), "--against", str(aime), b], b),
+        ([str(inp), c, "--against", str(aime)], c),
+    ):
         assert main(["data", "decontaminate", *argv, "--no-progress", "--workers", "1"]) == 0, argv
         kept = [json.loads(x)["extra_info"]["index"] for x in open(out)]
         assert kept == [1], argv  # the AIME problem is removed, the other row kept
@@ -93,8 +112,18 @@ def test_pass_at_k_larger_than_every_sample_count_is_refused(tmp_path, capsys):
     inp = _jsonl(tmp_path / "rl.jsonl", rows)
     samples = _jsonl(tmp_path / "s.jsonl", [{"problem_id": i, "score": 1.0} for i in range(3) for _ in range(4)])
     out = tmp_path / "o.jsonl"
-    base = ["data", "filter", "pass-at-k", str(inp), str(out), "--samples", str(samples), "--id-field",
-            "extra_info.index", "--no-progress"]
+    base = [
+        "data",
+        "filter",
+        "pass-at-k",
+        str(inp),
+        str(out),
+        "--samples",
+        str(samples),
+        "--id-field",
+        "extra_info.index",
+        "--no-progress",
+    ]
     assert main([*base, "--k", "16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--k 16 is larger than the samples of every problem (at most 4" in err[0], err

@@ -83,8 +83,9 @@ def test_leetcode_solution_using_sortedcontainers_scores_one():
     assert (res[0].reward, res[0].test_status) == (1.0, ["pass"]), res[0].detail
     assert res[1].reward == 0.0  # integer division: wrong medians (counter-check)
     # Without sortedcontainers in the allowed set the same solution cannot load (as on a judge without it).
-    no_sc = code_score_batch_detailed([py(SLIDING_MEDIAN)], [gt],
-                                      sandbox_config=SandboxConfig(allowed_packages=("numpy",)))[0]
+    no_sc = code_score_batch_detailed(
+        [py(SLIDING_MEDIAN)], [gt], sandbox_config=SandboxConfig(allowed_packages=("numpy",))
+    )[0]
     assert no_sc.reward == 0.0 and "sortedcontainers" in no_sc.detail
 
 
@@ -163,8 +164,13 @@ def test_codeforces_any_case_answers():
         words = t["output"].split()
         wrong = "\n".join(["NO" if words[0].upper() == "YES" else "YES"] + words[1:])  # first answer flipped
         base = {"inputs": [t["input"]], "outputs": [t["output"]]}
-        for printed, caseless, expected in [(lower, False, 0.0), (lower, True, 1.0), (mixed, True, 1.0),
-                                            (t["output"], False, 1.0), (wrong.lower(), True, 0.0)]:
+        for printed, caseless, expected in [
+            (lower, False, 0.0),
+            (lower, True, 1.0),
+            (mixed, True, 1.0),
+            (t["output"], False, 1.0),
+            (wrong.lower(), True, 0.0),
+        ]:
             # the program prints a fixed answer for this sample (it never sees the expected output)
             responses.append(py(f"import sys\nsys.stdin.read()\nsys.stdout.write({printed!r})\n"))
             gts.append({**base, "case_insensitive": caseless} if caseless else base)

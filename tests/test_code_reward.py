@@ -44,8 +44,10 @@ def box():
 
 
 def test_extract_last_python_block_skips_trailing_non_python_block():
-    resp = ("```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```\n"
-            "Example output:\n```text\n2\n```\n```bash\npython sol.py\n```")
+    resp = (
+        "```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```\n"
+        "Example output:\n```text\n2\n```\n```bash\npython sol.py\n```"
+    )
     assert extract_code(resp) == "print(2)\n"
 
 
@@ -64,28 +66,31 @@ def test_extract_untagged_only_without_python_tag_and_think_rules():
 # ------------------------------------------------------------------------------ comparison
 
 
-@pytest.mark.parametrize("actual,expected,ok", [
-    ("3\n", "3", True),
-    ("1 2 3   \n\n\n", "1 2 3\n", True),          # trailing whitespace and blank lines
-    ("1\r\n2\r\n", "1\n2\n", True),
-    ("0.5\n", "0.500000\n", True),                 # float printed with other precision
-    ("0.3333333\n", "0.333333333333\n", True),     # within 1e-6
-    ("0.334\n", "0.333333\n", False),
-    ("1e-7\n", "0.0000000\n", True),
-    ("10\n", "10.0\n", True),
-    ("10.0\n", "10\n", False),                      # an integer answer must be printed as one
-    ("1000000000.0", "1000000007", False),
-    ("11\n", "10\n", False),
-    ("YES\n", "yes\n", False),
-    ("1 2\n", "1 2 3\n", False),
-    ("", "", True),
-    ("7" * 5000 + "\n", "7" * 5000, True),
-    ("7" * 4999 + "8", "7" * 5000, False),          # huge integers: never equal through float rounding
-    ("1" + "0" * 400, "1" + "0" * 399 + "1", False),
-    ("inf", "inf", True),
-    ("nan", "nan", True),
-    ("inf", "1e400", False),
-])
+@pytest.mark.parametrize(
+    "actual,expected,ok",
+    [
+        ("3\n", "3", True),
+        ("1 2 3   \n\n\n", "1 2 3\n", True),  # trailing whitespace and blank lines
+        ("1\r\n2\r\n", "1\n2\n", True),
+        ("0.5\n", "0.500000\n", True),  # float printed with other precision
+        ("0.3333333\n", "0.333333333333\n", True),  # within 1e-6
+        ("0.334\n", "0.333333\n", False),
+        ("1e-7\n", "0.0000000\n", True),
+        ("10\n", "10.0\n", True),
+        ("10.0\n", "10\n", False),  # an integer answer must be printed as one
+        ("1000000000.0", "1000000007", False),
+        ("11\n", "10\n", False),
+        ("YES\n", "yes\n", False),
+        ("1 2\n", "1 2 3\n", False),
+        ("", "", True),
+        ("7" * 5000 + "\n", "7" * 5000, True),
+        ("7" * 4999 + "8", "7" * 5000, False),  # huge integers: never equal through float rounding
+        ("1" + "0" * 400, "1" + "0" * 399 + "1", False),
+        ("inf", "inf", True),
+        ("nan", "nan", True),
+        ("inf", "1e400", False),
+    ],
+)
 def test_outputs_match(actual, expected, ok):
     assert outputs_match(actual, expected) is ok
 
@@ -102,8 +107,8 @@ def test_values_match():
     assert values_match(0.1 + 0.2, 0.3)
     assert not values_match(True, 1) and not values_match(1, True)
     assert not values_match("1", 1)
-    assert values_match({"a": [1]}, {"a": [1.0]})          # an int may answer a float
-    assert not values_match({"a": [1.0]}, {"a": [1]})      # ...but an integer answer is exact
+    assert values_match({"a": [1]}, {"a": [1.0]})  # an int may answer a float
+    assert not values_match({"a": [1.0]}, {"a": [1]})  # ...but an integer answer is exact
     assert not values_match(1e9, 1000000007) and not values_match(999999000.0, 999999937)
     assert not values_match(None, [])
 
@@ -124,24 +129,27 @@ def test_parse_ground_truth_layouts():
     assert t.total == 2 and t.time_limit_s == 3.0
 
 
-@pytest.mark.parametrize("gt,match", [
-    ("not json", "not valid JSON"),
-    ({"format": "stdio", "inputs": ["1"], "outputs": []}, "1 inputs but 0 outputs"),
-    ({"format": "stdio", "inputs": [], "outputs": []}, "no tests"),
-    ({"format": "stdio", "inputs": [1], "outputs": ["1"]}, r"inputs\[0\] must be a string"),
-    ({"format": "call", "fn_name": "not a name", "inputs": [[1]], "outputs": [1]}, "fn_name"),
-    ({"format": "call", "fn_name": "f", "inputs": [1], "outputs": [1]}, r"inputs\[0\] must be a list"),
-    ({"format": "assert", "test": ""}, "ground_truth.test"),
-    ({"format": "sql"}, "format must be"),
-    ({"foo": 1}, "no known fields"),
-    ({"inputs": ["1"], "outputs": ["1"], "float_tol": -1}, "float_tol"),
-    ({"inputs": ["1"], "outputs": ["1"], "float_tol": float("inf")}, "float_tol"),
-    ({"inputs": ["1"], "outputs": ["1"], "time_limit_s": float("nan")}, "time_limit_s"),
-    ({"format": "assert", "tests": ["assert f(1) == 1", "  "]}, r"tests\[1\] is empty"),
-    ({"format": "assert", "test": "assert f(1)", "entry_point": "f"}, "must define check"),
-    ({"format": "assert", "test": "def check(c): pass", "entry_point": "None"}, "entry_point"),
-    ({"format": "call", "fn_name": "class", "inputs": [[1]], "outputs": [1]}, "fn_name"),
-])
+@pytest.mark.parametrize(
+    "gt,match",
+    [
+        ("not json", "not valid JSON"),
+        ({"format": "stdio", "inputs": ["1"], "outputs": []}, "1 inputs but 0 outputs"),
+        ({"format": "stdio", "inputs": [], "outputs": []}, "no tests"),
+        ({"format": "stdio", "inputs": [1], "outputs": ["1"]}, r"inputs\[0\] must be a string"),
+        ({"format": "call", "fn_name": "not a name", "inputs": [[1]], "outputs": [1]}, "fn_name"),
+        ({"format": "call", "fn_name": "f", "inputs": [1], "outputs": [1]}, r"inputs\[0\] must be a list"),
+        ({"format": "assert", "test": ""}, "ground_truth.test"),
+        ({"format": "sql"}, "format must be"),
+        ({"foo": 1}, "no known fields"),
+        ({"inputs": ["1"], "outputs": ["1"], "float_tol": -1}, "float_tol"),
+        ({"inputs": ["1"], "outputs": ["1"], "float_tol": float("inf")}, "float_tol"),
+        ({"inputs": ["1"], "outputs": ["1"], "time_limit_s": float("nan")}, "time_limit_s"),
+        ({"format": "assert", "tests": ["assert f(1) == 1", "  "]}, r"tests\[1\] is empty"),
+        ({"format": "assert", "test": "assert f(1)", "entry_point": "f"}, "must define check"),
+        ({"format": "assert", "test": "def check(c): pass", "entry_point": "None"}, "entry_point"),
+        ({"format": "call", "fn_name": "class", "inputs": [[1]], "outputs": [1]}, "fn_name"),
+    ],
+)
 def test_parse_ground_truth_errors_name_the_field(gt, match):
     with pytest.raises(ValueError, match=match):
         parse_ground_truth(gt)
@@ -165,7 +173,7 @@ def test_soft_reward_is_passed_over_all_tests_and_hard_is_plus_minus_one():
 
 def test_failures_count_in_the_denominator(box):
     # test 2 hangs, test 3 crashes: 2 of 4 pass, never 2 of 2
-    program = ("n = int(input())\nif n == 2:\n    while True: pass\nif n == 3:\n    raise ValueError\nprint(n)\n")
+    program = "n = int(input())\nif n == 2:\n    while True: pass\nif n == 3:\n    raise ValueError\nprint(n)\n"
     tests = parse_ground_truth({"format": "stdio", "inputs": ["1", "2", "3", "4"], "outputs": ["1", "2", "3", "4"]})
     statuses, _ = run_tests(program, tests, sandbox=box)
     assert statuses == ["pass", "timeout", "runtime_error", "pass"]
@@ -174,8 +182,9 @@ def test_failures_count_in_the_denominator(box):
 def test_time_limit_is_per_test_not_per_suite(box):
     # 6 tests of 0.6 s each with a 2 s per-test limit: all pass although the suite takes > 2 s
     program = "import time\ntime.sleep(0.6)\nprint(int(input()) + 1)\n"
-    tests = parse_ground_truth({"format": "stdio", "inputs": [str(i) for i in range(6)],
-                                "outputs": [str(i + 1) for i in range(6)]})
+    tests = parse_ground_truth(
+        {"format": "stdio", "inputs": [str(i) for i in range(6)], "outputs": [str(i + 1) for i in range(6)]}
+    )
     statuses, _ = run_tests(program, tests, sandbox=box)
     assert statuses == ["pass"] * 6
 
@@ -188,12 +197,15 @@ def test_program_budget_marks_remaining_tests_not_run():
     assert statuses.count("pass") in (2, 3) and statuses[-1] == "not_run" and len(statuses) == 6
 
 
-@pytest.mark.parametrize("program", [
-    "import sys\na, b = map(int, sys.stdin.buffer.read().split())\nsys.stdout.buffer.write(b'%d\\n' % (a * b))\n",
-    "a, b = map(int, input().split())\nprint(a * b, end='   \\n\\n\\n')\n",
-    "import sys, threading\nthreading.stack_size(1 << 26)\nsys.setrecursionlimit(10 ** 6)\n"
-    "def main():\n    a, b = map(int, input().split())\n    print(a * b)\nthreading.Thread(target=main).start()\n",
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        "import sys\na, b = map(int, sys.stdin.buffer.read().split())\nsys.stdout.buffer.write(b'%d\\n' % (a * b))\n",
+        "a, b = map(int, input().split())\nprint(a * b, end='   \\n\\n\\n')\n",
+        "import sys, threading\nthreading.stack_size(1 << 26)\nsys.setrecursionlimit(10 ** 6)\n"
+        "def main():\n    a, b = map(int, input().split())\n    print(a * b)\nthreading.Thread(target=main).start()\n",
+    ],
+)
 def test_correct_programs_in_common_styles_pass(box, program):
     tests = parse_ground_truth({"format": "stdio", "inputs": ["6 7\n"], "outputs": ["42\n"]})
     assert run_tests(program, tests, sandbox=box)[0] == ["pass"]
@@ -208,12 +220,18 @@ def test_huge_integers_and_float_precision(box):
 
 
 def test_call_format_solution_class_and_function(box):
-    gt = {"format": "call", "fn_name": "twoSum", "inputs": [[[2, 7, 11, 15], 9], [[3, 3], 6]],
-          "outputs": [[0, 1], [0, 1]]}
+    gt = {
+        "format": "call",
+        "fn_name": "twoSum",
+        "inputs": [[[2, 7, 11, 15], 9], [[3, 3], 6]],
+        "outputs": [[0, 1], [0, 1]],
+    }
     tests = parse_ground_truth(gt)
-    cls = ("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
-           "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
-           "                return (seen[target - x], i)\n            seen[x] = i\n")
+    cls = (
+        "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
+        "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+        "                return (seen[target - x], i)\n            seen[x] = i\n"
+    )
     assert run_tests(cls, tests, sandbox=box)[0] == ["pass", "pass"]
     fn = "def twoSum(nums, target):\n    return [0, 1] if nums[0] == 2 else [1, 0]\n"
     assert run_tests(fn, tests, sandbox=box)[0] == ["pass", "wrong_answer"]
@@ -222,14 +240,18 @@ def test_call_format_solution_class_and_function(box):
 
 
 def test_assert_format_with_linked_lists_crossing_the_boundary(box):
-    test = ("def check(candidate):\n"
-            "    assert is_same_list(candidate(head=list_node([1, 2, 3])), list_node([3, 2, 1]))\n"
-            "    assert candidate(head=None) is None\n\n"
-            "check(Solution().reverseList)\n")
+    test = (
+        "def check(candidate):\n"
+        "    assert is_same_list(candidate(head=list_node([1, 2, 3])), list_node([3, 2, 1]))\n"
+        "    assert candidate(head=None) is None\n\n"
+        "check(Solution().reverseList)\n"
+    )
     tests = parse_ground_truth(leetcode_ground_truth(test))
-    good = ("class Solution:\n    def reverseList(self, head: Optional[ListNode]) -> Optional[ListNode]:\n"
-            "        prev = None\n        while head:\n            head.next, prev, head = prev, head, head.next\n"
-            "        return prev\n")
+    good = (
+        "class Solution:\n    def reverseList(self, head: Optional[ListNode]) -> Optional[ListNode]:\n"
+        "        prev = None\n        while head:\n            head.next, prev, head = prev, head, head.next\n"
+        "        return prev\n"
+    )
     assert run_tests(good, tests, sandbox=box)[0] == ["pass"]
     bad = "class Solution:\n    def reverseList(self, head):\n        return head\n"
     assert run_tests(bad, tests, sandbox=box)[0] == ["wrong_answer"]
@@ -264,10 +286,16 @@ def test_registry_dispatch_and_longcot_think_requirement():
 
 def test_results_do_not_depend_on_pool_size_and_survive_a_dead_worker():
     gt = {"format": "stdio", "inputs": ["1", "2", "3"], "outputs": ["1", "4", "9"]}
-    programs = [py("n = int(input())\nprint(n * n)"), py("n = int(input())\nprint(n + n)"),
-                py("while True: pass"), py("raise SystemExit(1)"), "nothing", py("import os\nos._exit(0)")]
+    programs = [
+        py("n = int(input())\nprint(n * n)"),
+        py("n = int(input())\nprint(n + n)"),
+        py("while True: pass"),
+        py("raise SystemExit(1)"),
+        "nothing",
+        py("import os\nos._exit(0)"),
+    ]
     pool = get_code_pool()
-    fut = pool.submit(os._exit, (3,), timeout_s=10)   # kill a worker outright
+    fut = pool.submit(os._exit, (3,), timeout_s=10)  # kill a worker outright
     assert pool.wait(fut, timeout_s=10).status in ("crashed", "error")
     cfg = SandboxConfig(time_limit_s=1.0)
     one = code_score_batch_detailed(programs, [gt] * len(programs), sandbox_config=cfg, max_workers=1)
@@ -281,22 +309,29 @@ def test_results_do_not_depend_on_pool_size_and_survive_a_dead_worker():
 def test_humaneval_canonical_solutions_all_pass_and_wrong_ones_fail():
     problems = list(read_problems().values())
     assert len(problems) == 164
-    res = code_score_batch_detailed([humaneval_canonical_response(p) for p in problems],
-                                    [humaneval_ground_truth(p) for p in problems])
+    res = code_score_batch_detailed(
+        [humaneval_canonical_response(p) for p in problems], [humaneval_ground_truth(p) for p in problems]
+    )
     failed = [(p["task_id"], r.test_status, r.detail) for p, r in zip(problems, res) if r.reward != 1.0]
     assert failed == []
     # deliberately wrong: a stub, an off-by-something body, an exception, an early exit, a hang
-    wrong_bodies = ["    return None\n", "    raise NotImplementedError\n", "    import sys\n    sys.exit(0)\n",
-                    "    while True:\n        pass\n"]
+    wrong_bodies = [
+        "    return None\n",
+        "    raise NotImplementedError\n",
+        "    import sys\n    sys.exit(0)\n",
+        "    while True:\n        pass\n",
+    ]
     subset = problems[:40]
     responses, gts = [], []
     for i, p in enumerate(subset):
         responses.append("```python\n" + p["prompt"] + wrong_bodies[i % len(wrong_bodies)] + "```")
         gts.append(humaneval_ground_truth(p))
     # off by one on HumanEval/2 (truncate_number) and /13 (gcd) and /23 (strlen)
-    for tid, body in [("HumanEval/2", "    return number % 1.0 + 0.1\n"),
-                      ("HumanEval/13", "    return min(a, b)\n"),
-                      ("HumanEval/23", "    return len(string) + 1\n")]:
+    for tid, body in [
+        ("HumanEval/2", "    return number % 1.0 + 0.1\n"),
+        ("HumanEval/13", "    return min(a, b)\n"),
+        ("HumanEval/23", "    return len(string) + 1\n"),
+    ]:
         p = next(q for q in problems if q["task_id"] == tid)
         responses.append("```python\n" + p["prompt"] + body + "```")
         gts.append(humaneval_ground_truth(p))
@@ -307,12 +342,15 @@ def test_humaneval_canonical_solutions_all_pass_and_wrong_ones_fail():
 def test_mbpp_and_leetcode_reference_solutions_pass():
     path = shared_file("code/mbpp.jsonl")
     tasks = [json.loads(line) for line in path.read_text().splitlines()][10:70]
-    res = code_score_batch_detailed(["```python\n" + t["code"] + "\n```" for t in tasks],
-                                    [mbpp_ground_truth(t) for t in tasks])
+    res = code_score_batch_detailed(
+        ["```python\n" + t["code"] + "\n```" for t in tasks], [mbpp_ground_truth(t) for t in tasks]
+    )
     assert [t["task_id"] for t, r in zip(tasks, res) if r.reward != 1.0] == []
     lc = json.loads(shared_file("code/rllm_leetcode_test_part1.json").read_text())[:40]
-    res = code_score_batch_detailed(["```python\n" + x["solutions"] + "\n```" for x in lc],
-                                    [leetcode_ground_truth(x["tests"]["functional"]) for x in lc])
+    res = code_score_batch_detailed(
+        ["```python\n" + x["solutions"] + "\n```" for x in lc],
+        [leetcode_ground_truth(x["tests"]["functional"]) for x in lc],
+    )
     assert sum(r.reward == 1.0 for r in res) == len(lc)
 
 
@@ -336,8 +374,12 @@ def test_tests_keep_real_builtins_and_modules_unless_listed(box):
     gt = {"format": "assert", "tests": ["assert abs(area(2) - 12.566370614359172) < 1e-6"]}
     assert run_tests(cheat_abs, parse_ground_truth(gt), sandbox=box)[0] == ["wrong_answer"]
     # MBPP task 126 defines `sum` itself: allowed only because the ground truth lists it
-    task = {"task_id": 126, "code": "def sum(a,b):\r\n    return 6", "test_list": ["assert sum(10,15) == 6"],
-            "test_imports": ["import math"]}
+    task = {
+        "task_id": 126,
+        "code": "def sum(a,b):\r\n    return 6",
+        "test_list": ["assert sum(10,15) == 6"],
+        "test_imports": ["import math"],
+    }
     gt = mbpp_ground_truth(task)
     assert gt["functions"] == ["sum"] and gt["prefix"] == "import math"
     assert run_tests("def sum(a, b):\n    return 6\n", parse_ground_truth(gt), sandbox=box)[0] == ["pass"]

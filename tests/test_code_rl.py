@@ -13,8 +13,12 @@ from klear.rl.reward_fn import make_klear_reward
 
 
 def _row(gt, i=0, ds="code_test"):
-    return {"prompt": [{"role": "user", "content": f"problem {i}"}], "data_source": ds,
-            "reward_model": {"ground_truth": gt}, "extra_info": {"index": i}}
+    return {
+        "prompt": [{"role": "user", "content": f"problem {i}"}],
+        "data_source": ds,
+        "reward_model": {"ground_truth": gt},
+        "extra_info": {"index": i},
+    }
 
 
 def test_code_rows_accept_structured_ground_truth_and_name_bad_rows(tmp_path):
@@ -32,7 +36,7 @@ def test_code_rows_accept_structured_ground_truth_and_name_bad_rows(tmp_path):
 
 def test_reward_options_reach_the_scorer():
     gt = json.dumps({"format": "stdio", "inputs": ["1", "2"], "outputs": ["1", "4"]})
-    completion = "```python\nprint(int(input()))\n```"   # passes 1 of 2
+    completion = "```python\nprint(int(input()))\n```"  # passes 1 of 2
     kw = dict(prompts=["p"], completions=[completion], data_source=["code"], reward_model=[{"ground_truth": gt}])
     assert make_klear_reward()(**kw) == [0.5]
     hard = make_klear_reward(reward_mode="hard")
@@ -64,12 +68,21 @@ def test_tiny_code_rl_run(tmp_path, tiny_model):
     model.save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
     cfg = {
-        "model": str(ckpt), "output_dir": str(tmp_path / "run"), "seed": 0,
+        "model": str(ckpt),
+        "output_dir": str(tmp_path / "run"),
+        "seed": 0,
         "data": {"train": "humaneval", "heldout": "humaneval", "train_size": 4, "heldout_size": 2},
         "reward": {"reward_mode": "soft", "time_limit_s": 2},
         "eval": {"max_new_tokens": 4, "batch_size": 2},
-        "trainer": {"num_generations": 2, "per_device_train_batch_size": 4, "steps_per_generation": 1,
-                    "max_completion_length": 4, "max_steps": 1, "learning_rate": 1e-4, "save_steps": 10},
+        "trainer": {
+            "num_generations": 2,
+            "per_device_train_batch_size": 4,
+            "steps_per_generation": 1,
+            "max_completion_length": 4,
+            "max_steps": 1,
+            "learning_rate": 1e-4,
+            "save_steps": 10,
+        },
     }
     report = run_rl(cfg)
     assert report["steps"] == 1 and report["n"] == 2
@@ -77,12 +90,15 @@ def test_tiny_code_rl_run(tmp_path, tiny_model):
     assert any("reward" in r for r in rows)
 
 
-@pytest.mark.parametrize("patch, match", [
-    ({"trainer": {"num_generations": 0}}, r"trainer\.num_generations=0 must be an integer >= 2"),
-    ({"seed": "abc"}, r"seed='abc' must be an integer"),
-    ({"eval": {"max_new_tokens": "abc"}}, r"eval\.max_new_tokens='abc'"),
-    ({"data": {"train": "x.jsonl", "train_size": 0}}, r"data\.train_size=0"),
-])
+@pytest.mark.parametrize(
+    "patch, match",
+    [
+        ({"trainer": {"num_generations": 0}}, r"trainer\.num_generations=0 must be an integer >= 2"),
+        ({"seed": "abc"}, r"seed='abc' must be an integer"),
+        ({"eval": {"max_new_tokens": "abc"}}, r"eval\.max_new_tokens='abc'"),
+        ({"data": {"train": "x.jsonl", "train_size": 0}}, r"data\.train_size=0"),
+    ],
+)
 def test_job_values_are_checked_before_any_work(patch, match):
     base = {"model": "m", "output_dir": "o", "data": {"train": "x.jsonl"}, "trainer": {}}
     with pytest.raises(ValueError, match=match):
@@ -98,8 +114,10 @@ def test_humaneval_heldout_needs_humaneval_train():
 
 def test_unknown_data_source_fails_at_load_naming_the_row(tmp_path):
     path = tmp_path / "rows.jsonl"
-    rows = [_row({"format": "stdio", "inputs": ["1"], "outputs": ["1"]}, 0),
-            {"prompt": "q", "data_source": "cdoe_x", "reward_model": {"ground_truth": "1"}}]
+    rows = [
+        _row({"format": "stdio", "inputs": ["1"], "outputs": ["1"]}, 0),
+        {"prompt": "q", "data_source": "cdoe_x", "reward_model": {"ground_truth": "1"}},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ValueError, match=r"rows.jsonl: row 1: field 'data_source' is 'cdoe_x', which no reward scorer"):
         load_rl_file(path)

@@ -15,8 +15,10 @@ from klear.data.decontam import NgramIndex, decontaminate_file
 from klear.data.text import ngram_tokens, normalize_for_dedup, row_text
 
 # A benchmark problem of 24 words (tokens), written with LaTeX, and a short one (4 tokens).
-AIME = ("Among the $900$ residents of Aimeville, there are $195$ who own a diamond ring, "
-        "$367$ who own a set of golf clubs, and $562$ who own a garden spade.")
+AIME = (
+    "Among the $900$ residents of Aimeville, there are $195$ who own a diamond ring, "
+    "$367$ who own a set of golf clubs, and $562$ who own a garden spade."
+)
 SHORT = "Compute $\\dbinom{8}{4}$."
 GSM = "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins."
 
@@ -27,14 +29,19 @@ def write_jsonl(path, rows):
 
 
 def rl_row(text, index):
-    return {"prompt": [{"role": "user", "content": text}], "data_source": "math_x",
-            "reward_model": {"style": "rule", "ground_truth": "1"}, "extra_info": {"index": index}}
+    return {
+        "prompt": [{"role": "user", "content": text}],
+        "data_source": "math_x",
+        "reward_model": {"style": "rule", "ground_truth": "1"},
+        "extra_info": {"index": index},
+    }
 
 
 @pytest.fixture()
 def bench(tmp_path):
-    aime = write_jsonl(tmp_path / "aime.jsonl", [
-        {"messages": [{"role": "user", "content": AIME}], "meta": {"unique_id": "2024-II-1"}}])
+    aime = write_jsonl(
+        tmp_path / "aime.jsonl", [{"messages": [{"role": "user", "content": AIME}], "meta": {"unique_id": "2024-II-1"}}]
+    )
     math = write_jsonl(tmp_path / "math.jsonl", [{"problem": SHORT, "unique_id": "test/counting/1"}])
     gsm = write_jsonl(tmp_path / "gsm.jsonl", [{"question": GSM, "answer": "18"}])
     return [aime, math, gsm]
@@ -52,11 +59,19 @@ def run(tmp_path, bench, texts, **kw):
 
 # ------------------------------------------------------------------ tokenisation
 
+
 def test_tokens_latex_punctuation_and_lines():
     same = ["$x^2$", "x^2", "\\(x^{2}\\)", "\\[ x^2 \\]", "$$x^{2}$$", "x²", "X ^ 2"]
     assert {tuple(ngram_tokens(s)) for s in same} == {("x", "2")}
-    assert ngram_tokens("\\dfrac{1}{2} \\left( a \\right) \\le 3 \\text{ apples}") == \
-        ["frac", "1", "2", "a", "leq", "3", "apples"]
+    assert ngram_tokens("\\dfrac{1}{2} \\left( a \\right) \\le 3 \\text{ apples}") == [
+        "frac",
+        "1",
+        "2",
+        "a",
+        "leq",
+        "3",
+        "apples",
+    ]
     assert ngram_tokens("one two\nthree\r\n  four") == ["one", "two", "three", "four"]
     assert ngram_tokens("Ｆｉｎｄ ＡＢＣ, a_1") == ["find", "abc", "a", "1"]
     assert ngram_tokens("中文题 x") == ["中", "文", "题", "x"]
@@ -79,8 +94,10 @@ def test_token_hashes_do_not_depend_on_the_rest_of_the_text():
     # paths), long tokens (> 64 bytes, finished in Python) included
     long_ascii = "z" * 150 + "q"
     maps = []
-    for text in ("abc hello " + long_ascii + " x12345678 abcdefgh",
-                 "é 中 abc hello " + long_ascii + " x12345678 abcdefgh"):
+    for text in (
+        "abc hello " + long_ascii + " x12345678 abcdefgh",
+        "é 中 abc hello " + long_ascii + " x12345678 abcdefgh",
+    ):
         norm = decontam.normalize_for_ngrams(text)
         starts, ends, hashes, _ = decontam._scan(norm, batch=False)
         maps.append({norm[a:b]: h for a, b, h in zip(starts.tolist(), ends.tolist(), hashes.tolist())})
@@ -90,12 +107,18 @@ def test_token_hashes_do_not_depend_on_the_rest_of_the_text():
     long = "z" * 150 + "é" * 40 + "q"
     index = NgramIndex(3)
     index.add_text("alpha " + long + " omega end", "b.jsonl", "p1")
-    hits = index.match_texts(["ASCII text then ALPHA " + long.upper() + " OMEGA", "€ alpha " + long + " omega",
-                              "alpha " + long[:-1] + " omega"])
+    hits = index.match_texts(
+        [
+            "ASCII text then ALPHA " + long.upper() + " OMEGA",
+            "€ alpha " + long + " omega",
+            "alpha " + long[:-1] + " omega",
+        ]
+    )
     assert [h and h.problem_id for h in hits] == ["p1", "p1", None]
 
 
 # ------------------------------------------------------------------ the rule
+
 
 def test_planted_ninegrams_removed_with_spacing_case_latex_and_line_breaks(tmp_path, bench):
     # each plants 9+ consecutive benchmark words inside a longer, otherwise different prompt
@@ -137,16 +160,18 @@ def test_only_eight_shared_words_are_kept_and_n_is_read(tmp_path, bench):
 
 def test_short_texts_only_removed_as_exact_copies(tmp_path, bench):
     texts = [
-        "Among the 900 residents",             # 4 words of a benchmark problem, not a copy: kept
-        "compute \\binom{8}{4}",               # exact normalised copy of the short MATH problem
+        "Among the 900 residents",  # 4 words of a benchmark problem, not a copy: kept
+        "compute \\binom{8}{4}",  # exact normalised copy of the short MATH problem
         "Compute $\\dbinom{8}{4}$.\n\nPut your final answer within \\boxed{}.",  # copy + our instruction
-        "Compute $\\dbinom{8}{5}$.",           # a different short problem: kept
-        "",                                    # empty text: kept (no token, nothing to match)
+        "Compute $\\dbinom{8}{5}$.",  # a different short problem: kept
+        "",  # empty text: kept (no token, nothing to match)
     ]
     kept, removed, report = run(tmp_path, bench, texts)
     assert kept == [0, 3, 4]
-    assert [(r["row"], r["reason"], r["problem_id"]) for r in removed] == \
-        [(1, "exact", "test/counting/1"), (2, "exact", "test/counting/1")]
+    assert [(r["row"], r["reason"], r["problem_id"]) for r in removed] == [
+        (1, "exact", "test/counting/1"),
+        (2, "exact", "test/counting/1"),
+    ]
     assert report["benchmarks"][str(bench[1])] == {"problems": 1, "short": 1, "empty": 0}
     # without the ignore phrase the instruction makes row 2 a different text
     kept, _, _ = run(tmp_path, bench, texts, ignore_phrases=())
@@ -175,15 +200,19 @@ def test_hash_collisions_never_remove_a_row(tmp_path, bench, monkeypatch):
     # with a degenerate window hash every window collides with every benchmark n-gram that ends in
     # the same token; only the token-by-token check stands between them and a false removal
     monkeypatch.setattr(decontam, "_P", np.uint64(0))
-    texts = ["one two three four five six seven eight spade.",       # shares only the last word
-             "x " + AIME.split("$367$")[1]]                            # shares a real 9-gram
+    texts = [
+        "one two three four five six seven eight spade.",  # shares only the last word
+        "x " + AIME.split("$367$")[1],
+    ]  # shares a real 9-gram
     kept, removed, _ = run(tmp_path, bench, texts)
     assert kept == [0] and [r["row"] for r in removed] == [1]
 
 
 def test_parquet_in_out_and_worker_processes_agree(tmp_path, bench):
-    texts = [f"filler {i} " + ("of Aimeville there are 195 who own a diamond ring" if i % 7 == 0 else "words")
-             for i in range(300)]
+    texts = [
+        f"filler {i} " + ("of Aimeville there are 195 who own a diamond ring" if i % 7 == 0 else "words")
+        for i in range(300)
+    ]
     rows = [rl_row(t, i) for i, t in enumerate(texts)]
     inp = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), inp)
@@ -229,7 +258,8 @@ def test_jsonl_blocks_through_worker_processes(tmp_path, bench, monkeypatch):
     # no temporary part files, no partial output left behind
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["aime.jsonl", "gsm.jsonl", "math.jsonl", "train.jsonl"]
-        + [f"kept{w}.jsonl{x}" for w in (1, 2) for x in ("", ".removed.jsonl", ".report.json")])
+        + [f"kept{w}.jsonl{x}" for w in (1, 2) for x in ("", ".removed.jsonl", ".report.json")]
+    )
 
 
 def test_byte_ranges_cover_every_line_once(tmp_path):
@@ -250,9 +280,11 @@ def test_byte_ranges_cover_every_line_once(tmp_path):
 
 # ------------------------------------------------------------------ errors and the command line
 
+
 def test_malformed_rows_name_file_row_and_field(tmp_path, bench):
-    inp = write_jsonl(tmp_path / "bad.jsonl", [rl_row("fine text here", 0),
-                                               {"prompt": [{"role": "user", "content": 5}]}])
+    inp = write_jsonl(
+        tmp_path / "bad.jsonl", [rl_row("fine text here", 0), {"prompt": [{"role": "user", "content": 5}]}]
+    )
     msg = r"bad\.jsonl: row 1: field 'prompt\[0\]\.content' is int 5 \(expected a string\)"
     with pytest.raises(ValueError, match=msg):
         decontaminate_file(inp, tmp_path / "o.jsonl", bench, progress=False, quiet=True, workers=1)
@@ -283,11 +315,14 @@ def test_malformed_rows_name_file_row_and_field(tmp_path, bench):
 
 
 def test_text_field_option(tmp_path, bench):
-    rows = [{"extra_info": {"question": "x among the 900 residents of Aimeville there are 195 who"}, "id": 1},
-            {"extra_info": {"question": "nothing to see"}, "id": 2}]
+    rows = [
+        {"extra_info": {"question": "x among the 900 residents of Aimeville there are 195 who"}, "id": 1},
+        {"extra_info": {"question": "nothing to see"}, "id": 2},
+    ]
     inp = write_jsonl(tmp_path / "t.jsonl", rows)
-    report = decontaminate_file(inp, tmp_path / "o.jsonl", bench, text_field="extra_info.question",
-                                progress=False, quiet=True, workers=1)
+    report = decontaminate_file(
+        inp, tmp_path / "o.jsonl", bench, text_field="extra_info.question", progress=False, quiet=True, workers=1
+    )
     assert report["rows_out"] == 1
     with pytest.raises(ValueError, match=r"t\.jsonl: row 0: field 'question' is missing"):
         decontaminate_file(inp, tmp_path / "o.jsonl", bench, text_field="question", progress=False, quiet=True)
@@ -296,8 +331,21 @@ def test_text_field_option(tmp_path, bench):
 def test_cli_decontaminate(tmp_path, bench, capsys):
     inp = write_jsonl(tmp_path / "train.jsonl", [rl_row("x " + GSM, 0), rl_row("keep me please", 1)])
     out = tmp_path / "kept.parquet"
-    code = main(["data", "decontaminate", str(inp), str(out), "--against", *map(str, bench), "--n", "9",
-                 "--no-progress", "--workers", "1"])
+    code = main(
+        [
+            "data",
+            "decontaminate",
+            str(inp),
+            str(out),
+            "--against",
+            *map(str, bench),
+            "--n",
+            "9",
+            "--no-progress",
+            "--workers",
+            "1",
+        ]
+    )
     assert code == 0
     assert "2 rows in, 1 rows out, 1 removed (ngram: 1)" in capsys.readouterr().out
     report = json.loads((tmp_path / "kept.parquet.report.json").read_text())
@@ -325,8 +373,12 @@ def test_benchmark_script_agrees_with_its_baseline(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "decontam.py"
-    proc = subprocess.run([sys.executable, str(script), "--rows", "3000", "--workers", "1", "--keep-dir",
-                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--rows", "3000", "--workers", "1", "--keep-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "identical kept rows: True" in proc.stdout
     import re

@@ -25,18 +25,23 @@ def removed_of(out):
 
 
 def code_row(pid, tests):
-    return {"prompt": [{"role": "user", "content": f"problem {pid}"}], "data_source": "code_x",
-            "reward_model": {"style": "rule", "ground_truth": tests}, "extra_info": {"index": pid}}
+    return {
+        "prompt": [{"role": "user", "content": f"problem {pid}"}],
+        "data_source": "code_x",
+        "reward_model": {"style": "rule", "ground_truth": tests},
+        "extra_info": {"index": pid},
+    }
 
 
 # ------------------------------------------------------------------ min-tests
 
+
 def test_min_tests_counts_every_shape_and_reads_the_threshold(tmp_path):
     io16 = json.dumps({"inputs": [str(i) for i in range(16)], "outputs": [str(i) for i in range(16)]})
     rows = [
-        code_row(0, io16),                                                   # 16 (JSON string)
+        code_row(0, io16),  # 16 (JSON string)
         code_row(1, json.dumps({"inputs": ["1"] * 15, "outputs": ["1"] * 15})),  # 15
-        code_row(2, [{"input": "1", "output": "2"}] * 20),                   # 20 (list)
+        code_row(2, [{"input": "1", "output": "2"}] * 20),  # 20 (list)
         code_row(3, {"functional": "def check(c):\n" + "    assert c(1) == 1\n" * 16}),  # 16 asserts
         {"prompt": "p", "tests": ["assert f(1) == 1"] * 3, "extra_info": {"index": 4}},  # 3, top-level field
         code_row(5, json.dumps({"format": "assert", "test": "assert f(2) == 4\n" * 17})),  # 17 (code reward)
@@ -46,16 +51,21 @@ def test_min_tests_counts_every_shape_and_reads_the_threshold(tmp_path):
     out = tmp_path / "out.jsonl"
     report = F.filter_min_tests(inp, out, progress=False, quiet=True)
     assert [r["extra_info"]["index"] for r in read_jsonl(out)] == [0, 2, 3, 5]
-    assert [(r["row"], r["reason"], r["tests"]) for r in removed_of(out)] == \
-        [(1, "too_few_tests", 15), (4, "too_few_tests", 3), (6, "too_few_tests", 4)]
+    assert [(r["row"], r["reason"], r["tests"]) for r in removed_of(out)] == [
+        (1, "too_few_tests", 15),
+        (4, "too_few_tests", 3),
+        (6, "too_few_tests", 4),
+    ]
     assert report["params"]["min_tests"] == 16
     report = F.filter_min_tests(inp, out, min_tests=3, progress=False, quiet=True)
     assert report["rows_out"] == 7 and report["removed"] == {}
 
 
 def test_min_tests_malformed(tmp_path):
-    inp = write_jsonl(tmp_path / "code.jsonl", [code_row(0, [1] * 16),
-                                                code_row(1, json.dumps({"inputs": ["1", "2"], "outputs": ["1"]}))])
+    inp = write_jsonl(
+        tmp_path / "code.jsonl",
+        [code_row(0, [1] * 16), code_row(1, json.dumps({"inputs": ["1", "2"], "outputs": ["1"]}))],
+    )
     with pytest.raises(ValueError, match=r"code\.jsonl: row 1: field 'reward_model\.ground_truth\.outputs'"):
         F.filter_min_tests(inp, tmp_path / "o.jsonl", progress=False, quiet=True)
     inp = write_jsonl(tmp_path / "code.jsonl", [{"prompt": "p"}])
@@ -64,6 +74,7 @@ def test_min_tests_malformed(tmp_path):
 
 
 # ------------------------------------------------------------------ pass@k and majority
+
 
 def samples_for(pid, n, c, key="correct"):
     return [{"problem_id": pid, key: (i < c)} for i in range(n)]
@@ -75,8 +86,12 @@ def expected_pass_at_k(n, c, k):
 
 def test_pass_at_k_keeps_problems_above_threshold(tmp_path):
     rows = [code_row(i, [1] * 16) for i in range(5)]
-    samples = (samples_for(0, 16, 1) + samples_for(1, 16, 0) + samples_for(2, 20, 1)
-               + [{"problem_id": 3, "score": s} for s in [1.0] * 4 + [0.25] * 4])  # 8 < k samples
+    samples = (
+        samples_for(0, 16, 1)
+        + samples_for(1, 16, 0)
+        + samples_for(2, 20, 1)
+        + [{"problem_id": 3, "score": s} for s in [1.0] * 4 + [0.25] * 4]
+    )  # 8 < k samples
     inp = write_jsonl(tmp_path / "rl.jsonl", rows)
     smp = write_jsonl(tmp_path / "samples.jsonl", samples)
     out = tmp_path / "out.jsonl"
@@ -91,22 +106,46 @@ def test_pass_at_k_keeps_problems_above_threshold(tmp_path):
     # the threshold and k are read: 0.8 is not > 0.85; with k=1 (plain pass rate) only nothing passes 0.5
     F.filter_pass_at_k(inp, out, smp, threshold=0.85, id_field="extra_info.index", progress=False, quiet=True)
     assert [r["extra_info"]["index"] for r in read_jsonl(out)] == [0]
-    report = F.filter_pass_at_k(inp, out, smp, k=1, threshold=0.4, id_field="extra_info.index",
-                                progress=False, quiet=True)
+    report = F.filter_pass_at_k(
+        inp, out, smp, k=1, threshold=0.4, id_field="extra_info.index", progress=False, quiet=True
+    )
     assert [r["extra_info"]["index"] for r in read_jsonl(out)] == [3]  # 4/8 = 0.5 > 0.4 (0.25 scores: wrong)
-    report = F.filter_pass_at_k(inp, out, smp, k=1, threshold=0.4, correct_score=0.25,
-                                id_field="extra_info.index", missing="keep", progress=False, quiet=True)
+    report = F.filter_pass_at_k(
+        inp,
+        out,
+        smp,
+        k=1,
+        threshold=0.4,
+        correct_score=0.25,
+        id_field="extra_info.index",
+        missing="keep",
+        progress=False,
+        quiet=True,
+    )
     assert [r["extra_info"]["index"] for r in read_jsonl(out)] == [3, 4]  # all 8 correct now; 4 kept
 
 
 def test_pass_at_k_judges_responses_with_the_math_scorer(tmp_path):
-    rows = [{"prompt": [{"role": "user", "content": "p"}], "data_source": "math_dapo",
-             "reward_model": {"ground_truth": "73"}, "prompt_id": "a"},
-            {"prompt": [{"role": "user", "content": "q"}], "data_source": "math_dapo",
-             "reward_model": {"ground_truth": "5"}, "prompt_id": "b"}]
-    samples = [{"prompt_id": "a", "response": "so \\boxed{73}"}, {"prompt_id": "a", "response": "\\boxed{72}"},
-               {"prompt_id": "b", "response": "\\boxed{6}"},
-               {"prompt_id": "b", "response": "\\boxed{5}", "ground_truth": "4", "data_source": "math_x"}]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "p"}],
+            "data_source": "math_dapo",
+            "reward_model": {"ground_truth": "73"},
+            "prompt_id": "a",
+        },
+        {
+            "prompt": [{"role": "user", "content": "q"}],
+            "data_source": "math_dapo",
+            "reward_model": {"ground_truth": "5"},
+            "prompt_id": "b",
+        },
+    ]
+    samples = [
+        {"prompt_id": "a", "response": "so \\boxed{73}"},
+        {"prompt_id": "a", "response": "\\boxed{72}"},
+        {"prompt_id": "b", "response": "\\boxed{6}"},
+        {"prompt_id": "b", "response": "\\boxed{5}", "ground_truth": "4", "data_source": "math_x"},
+    ]
     inp, smp = write_jsonl(tmp_path / "rl.jsonl", rows), write_jsonl(tmp_path / "s.jsonl", samples)
     stats = F.load_sample_stats(smp, problems=inp, progress=False)
     assert stats == {"a": [2, 1], "b": [2, 0]}  # the sample's own ground truth (4) wins over the row's (5)
@@ -147,23 +186,41 @@ def test_bad_samples_and_ids_are_named(tmp_path):
 
 # ------------------------------------------------------------------ difficulty and the SFT policy
 
+
 def sft(prompt, response, correct, **extra):
-    return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
-            "correct": correct, **extra}
+    return {
+        "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
+        "correct": correct,
+        **extra,
+    }
 
 
 def test_difficulty_labels_from_pass_rate_with_configurable_thresholds(tmp_path):
     # the SFT file is its own samples file: 4 responses of P (3 correct), 2 of Q (0 correct), 2 of R (1)
-    rows = ([sft("P", f"p{i}", i < 3) for i in range(4)] + [sft("Q", f"q{i}", False) for i in range(2)]
-            + [sft("R", f"r{i}", i == 0) for i in range(2)])
+    rows = (
+        [sft("P", f"p{i}", i < 3) for i in range(4)]
+        + [sft("Q", f"q{i}", False) for i in range(2)]
+        + [sft("R", f"r{i}", i == 0) for i in range(2)]
+    )
     inp = write_jsonl(tmp_path / "sft.jsonl", rows)
     out = tmp_path / "lab.jsonl"
     report = F.label_difficulty(inp, out, inp, id_field="@text", sample_id_field="@text", progress=False, quiet=True)
     got = [(r["messages"][0]["content"], r["difficulty"], r["pass_rate"]) for r in read_jsonl(out)]
     assert got == [("P", "easy", 0.75)] * 4 + [("Q", "hard", 0.0)] * 2 + [("R", "easy", 0.5)] * 2
     assert report["labels"] == {"easy": 6, "hard": 2}
-    F.label_difficulty(inp, out, inp, id_field="@text", sample_id_field="@text", easy_min=0.7, hard_below=0.3,
-                       label_field="extra_info.level", rate_field=None, progress=False, quiet=True)
+    F.label_difficulty(
+        inp,
+        out,
+        inp,
+        id_field="@text",
+        sample_id_field="@text",
+        easy_min=0.7,
+        hard_below=0.3,
+        label_field="extra_info.level",
+        rate_field=None,
+        progress=False,
+        quiet=True,
+    )
     got = [(r["extra_info"]["level"], "pass_rate" in r) for r in read_jsonl(out)]
     assert got == [("easy", False)] * 4 + [("hard", False)] * 2 + [("medium", False)] * 2
     with pytest.raises(ValueError, match="hard_below"):
@@ -171,10 +228,15 @@ def test_difficulty_labels_from_pass_rate_with_configurable_thresholds(tmp_path)
 
 
 def test_sft_correctness_policy_of_table_2(tmp_path):
-    rows = [sft("e", "1", True, difficulty="easy"), sft("e", "2", False, difficulty="easy"),
-            sft("m", "3", False, difficulty="medium"), sft("m", "4", 1.0, difficulty="medium"),
-            sft("h", "5", False, difficulty="hard"), sft("h", "6", True, difficulty="hard"),
-            sft("h", "7", -1, difficulty="hard")]
+    rows = [
+        sft("e", "1", True, difficulty="easy"),
+        sft("e", "2", False, difficulty="easy"),
+        sft("m", "3", False, difficulty="medium"),
+        sft("m", "4", 1.0, difficulty="medium"),
+        sft("h", "5", False, difficulty="hard"),
+        sft("h", "6", True, difficulty="hard"),
+        sft("h", "7", -1, difficulty="hard"),
+    ]
     inp = write_jsonl(tmp_path / "sft.jsonl", rows)
     out = tmp_path / "o.jsonl"
     report = F.filter_sft_correctness(inp, out, progress=False, quiet=True)
@@ -191,14 +253,17 @@ def test_sft_correctness_policy_of_table_2(tmp_path):
 
 
 def test_sft_correctness_with_the_judge(tmp_path):
-    rows = [sft("e", "\\boxed{4}", None, difficulty="easy", data_source="math_x", reward_model={"ground_truth": "4"}),
-            sft("e", "\\boxed{5}", None, difficulty="easy", data_source="math_x", reward_model={"ground_truth": "4"})]
+    rows = [
+        sft("e", "\\boxed{4}", None, difficulty="easy", data_source="math_x", reward_model={"ground_truth": "4"}),
+        sft("e", "\\boxed{5}", None, difficulty="easy", data_source="math_x", reward_model={"ground_truth": "4"}),
+    ]
     inp = write_jsonl(tmp_path / "sft.jsonl", rows)
     report = F.filter_sft_correctness(inp, tmp_path / "o.jsonl", judge=True, progress=False, quiet=True)
     assert report["rows_out"] == 1 and report["removed"] == {"incorrect_response": 1}
 
 
 # ------------------------------------------------------------------ top sources
+
 
 def test_top_sources_by_ranking(tmp_path):
     rows = [{"problem": str(i), "data_source": src} for i, src in enumerate(["a", "b", "c", "a", "z"])]
@@ -229,8 +294,23 @@ def test_cli_filters(tmp_path, capsys):
     assert main(["data", "filter", "min-tests", str(inp), str(out), "--min", "1", "--no-progress"]) == 0
     assert "3 rows in, 3 rows out, 0 removed" in capsys.readouterr().out
     smp = write_jsonl(tmp_path / "s.jsonl", samples_for(1, 16, 16) + samples_for(2, 16, 0))
-    assert main(["data", "filter", "pass-at-k", str(inp), str(out), "--samples", str(smp), "--id-field",
-                 "extra_info.index", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "filter",
+                "pass-at-k",
+                str(inp),
+                str(out),
+                "--samples",
+                str(smp),
+                "--id-field",
+                "extra_info.index",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "3 rows in, 1 rows out, 2 removed (no_samples: 1, pass_at_k_too_low: 1)" in capsys.readouterr().out
     assert main(["data", "filter", "pass-at-k", str(inp), str(out), "--samples", str(smp), "--k", "0"]) == 2
     assert "k must be an integer >= 1" in capsys.readouterr().err

@@ -42,8 +42,12 @@ def test_kcenter_cosine_and_seed():
 
 
 def test_hashing_embedding_is_deterministic_and_separates_topics():
-    texts = ["the triangle has sides 3 4 5 find its area", "a triangle with sides 3, 4, 5: area?",
-             "write a python function that sorts a list", "sort a list in python"]
+    texts = [
+        "the triangle has sides 3 4 5 find its area",
+        "a triangle with sides 3, 4, 5: area?",
+        "write a python function that sorts a list",
+        "sort a list in python",
+    ]
     e1, e2 = S.hashing_embed(texts, 128), S.hashing_embed(texts, 128)
     assert e1.shape == (4, 128) and np.array_equal(e1, e2)
     assert np.allclose(np.linalg.norm(e1, axis=1), 1, atol=1e-5)
@@ -56,8 +60,9 @@ def rows_of(texts):
 
 
 def test_select_file_with_hashing_and_the_fallback(tmp_path, monkeypatch, capsys):
-    texts = [f"geometry triangle area problem number {i}" for i in range(5)] + \
-            [f"python list sorting function task {i}" for i in range(5)]
+    texts = [f"geometry triangle area problem number {i}" for i in range(5)] + [
+        f"python list sorting function task {i}" for i in range(5)
+    ]
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows_of(texts)))
     out = tmp_path / "sub.jsonl"
@@ -81,9 +86,13 @@ def test_select_with_minilm(tmp_path):
     # the one test that loads the packaged MiniLM (installed by the test extra)
     ok, why = S.minilm_available()
     assert ok, why
-    texts = ["How many apples are left after eating two of five?", "Five apples, two eaten: how many remain?",
-             "Implement quicksort in Python.", "Write a Python quicksort function.",
-             "What is the capital of France?"]
+    texts = [
+        "How many apples are left after eating two of five?",
+        "Five apples, two eaten: how many remain?",
+        "Implement quicksort in Python.",
+        "Write a Python quicksort function.",
+        "What is the capital of France?",
+    ]
     emb, used = S.embed_texts(texts, "auto", progress=False)
     assert used.startswith("minilm") and emb.shape == (5, 384)
     sim = emb @ emb.T

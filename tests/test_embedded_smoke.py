@@ -13,13 +13,21 @@ from klear.rl.job import run_rl
 def test_embedded_model_one_gppo_step(tmp_path, embedded_path):
     assert (embedded_path / "model.safetensors").is_file()
     cfg, _ = load_config("rl_demo")
-    cfg = apply_overrides(cfg, [
-        f"output_dir={tmp_path / 'run'}",
-        "data.train_size=8", "data.heldout_size=4",
-        "trainer.num_generations=4", "trainer.per_device_train_batch_size=8",
-        "trainer.steps_per_generation=1", "trainer.max_steps=1", "trainer.max_completion_length=32",
-        "trainer.save_steps=100", "eval.max_new_tokens=32",
-    ])
+    cfg = apply_overrides(
+        cfg,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "data.train_size=8",
+            "data.heldout_size=4",
+            "trainer.num_generations=4",
+            "trainer.per_device_train_batch_size=8",
+            "trainer.steps_per_generation=1",
+            "trainer.max_steps=1",
+            "trainer.max_completion_length=32",
+            "trainer.save_steps=100",
+            "eval.max_new_tokens=32",
+        ],
+    )
     report = run_rl(cfg)
     assert report["steps"] == 1 and report["n"] == 4
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -24,8 +24,14 @@ from klear.eval.harness import read_samples, run_eval
 
 
 def cfg(**kw):
-    base = dict(vocab_size=32, hidden_size=32, num_attention_heads=2, num_hidden_layers=1,
-                max_position_embeddings=32768, rope_theta=1e6)
+    base = dict(
+        vocab_size=32,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_hidden_layers=1,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+    )
     base.update(kw)
     return LlamaConfig(**base)
 
@@ -34,8 +40,12 @@ def cfg(**kw):
 def test_yarn_plan_keys_and_scaled_engine_length():
     plan = plan_context(cfg(), max_tokens=65536 - 1000, max_prompt_tokens=1000, rope_scaling="yarn", rope_factor=2.5)
     assert plan["source"] == "override" and plan["engine_max_len"] == 81920
-    assert plan["override"] == {"rope_type": "yarn", "factor": 2.5, "original_max_position_embeddings": 32768,
-                                "rope_theta": 1e6}
+    assert plan["override"] == {
+        "rope_type": "yarn",
+        "factor": 2.5,
+        "original_max_position_embeddings": 32768,
+        "rope_theta": 1e6,
+    }
     assert "type" not in plan["override"]
     c = apply_rope_plan(cfg(), plan)
     assert c.rope_parameters["rope_type"] == "yarn" and c.max_position_embeddings == 81920
@@ -62,17 +72,29 @@ def test_budget_checks_and_native_context():
     assert none["source"] == "none" and none["override"] is None and none["engine_max_len"] == 32768
     assert "hf_overrides" not in build_vllm_kwargs("m", none) and build_vllm_kwargs("m", none)["max_model_len"] == 32768
     # a Qwen3-like config (max 40960) whose training context was 32768
-    q = plan_context(cfg(max_position_embeddings=40960), max_tokens=64000, max_prompt_tokens=1000,
-                     rope_scaling="yarn", rope_factor=2.5, original_max=32768)
+    q = plan_context(
+        cfg(max_position_embeddings=40960),
+        max_tokens=64000,
+        max_prompt_tokens=1000,
+        rope_scaling="yarn",
+        rope_factor=2.5,
+        original_max=32768,
+    )
     assert q["override"]["original_max_position_embeddings"] == 32768 and q["engine_max_len"] == 81920
     with pytest.raises(ValueError, match="> 1"):
         plan_context(cfg(), max_tokens=64000, max_prompt_tokens=1, rope_scaling="yarn", rope_factor=1.0)
 
 
 def test_checkpoint_that_already_uses_yarn():
-    c = cfg(max_position_embeddings=81920,
-            rope_parameters={"rope_type": "yarn", "factor": 2.5, "original_max_position_embeddings": 32768,
-                             "rope_theta": 1e6})
+    c = cfg(
+        max_position_embeddings=81920,
+        rope_parameters={
+            "rope_type": "yarn",
+            "factor": 2.5,
+            "original_max_position_embeddings": 32768,
+            "rope_theta": 1e6,
+        },
+    )
     plan = plan_context(c, max_tokens=64000, max_prompt_tokens=1000)
     assert plan["source"] == "checkpoint" and plan["rope_type"] == "yarn" and plan["engine_max_len"] == 81920
     with pytest.raises(ValueError, match="already uses rope_type 'yarn'"):
@@ -118,7 +140,10 @@ def test_yarn_changes_the_loaded_rotary_embedding(tiny_dir):
 def test_hf_backend_samples_do_not_depend_on_batching(tiny_model):
     model, tok = tiny_model
     plan = plan_context(model.config, max_tokens=12, max_prompt_tokens=50)
-    msgs = [[{"role": "user", "content": "What is 2+2?"}], [{"role": "user", "content": "Name a prime number below 30."}]]
+    msgs = [
+        [{"role": "user", "content": "What is 2+2?"}],
+        [{"role": "user", "content": "Name a prime number below 30."}],
+    ]
     reqs = [GenerationRequest(f"p{j}", i, msgs[j], sample_seed(0, f"p{j}", i)) for j in range(2) for i in range(3)]
     # top-p 1: a random model's near-uniform distribution puts thousands of tokens within float
     # rounding of the nucleus boundary (see the backends docstring)
@@ -139,9 +164,12 @@ def test_hf_backend_stop_token_count_and_finish_reason(tiny_model):
     req = GenerationRequest("p", 0, [{"role": "user", "content": "Hi"}], 1)
     greedy = SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=10)
     first = be.generate([req], greedy)[0]
-    enc = tok([tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)],
-              return_tensors="pt", add_special_tokens=False)
-    ids = model.generate(**enc, do_sample=False, max_new_tokens=10)[0, enc["input_ids"].shape[1]:].tolist()
+    enc = tok(
+        [tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)],
+        return_tensors="pt",
+        add_special_tokens=False,
+    )
+    ids = model.generate(**enc, do_sample=False, max_new_tokens=10)[0, enc["input_ids"].shape[1] :].tolist()
     assert tok.decode(ids, skip_special_tokens=True) == first.text  # temperature 0 is greedy
     be.eos_ids = [ids[3]] if ids[3] not in ids[:3] else [ids[0]]  # pretend a generated token is the stop token
     expect = ids.index(be.eos_ids[0]) + 1
@@ -152,8 +180,9 @@ def test_hf_backend_stop_token_count_and_finish_reason(tiny_model):
 
 def test_resume_with_the_tiny_model_reproduces_the_uninterrupted_run(tmp_path, tiny_model):
     model, tok = tiny_model
-    rows = [{"id": f"q{i}", "problem": "Add " + " and ".join(["1"] * (i + 1)) + ".", "answer": str(i + 1)}
-            for i in range(3)]
+    rows = [
+        {"id": f"q{i}", "problem": "Add " + " and ".join(["1"] * (i + 1)) + ".", "answer": str(i + 1)} for i in range(3)
+    ]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     bench = load_benchmark(str(tmp_path / "b.jsonl"))
     plan = plan_context(model.config, max_tokens=8, max_prompt_tokens=200)
@@ -178,14 +207,29 @@ def test_resume_with_the_tiny_model_reproduces_the_uninterrupted_run(tmp_path, t
     resumed = run_eval(bench, HFBackend("tiny", plan, tokenizer=tok, model=model, batch_size=3), tmp_path / "b", **kw)
     assert resumed == full
     key = lambda r: (r["problem_id"], r["sample_index"])  # noqa: E731
-    assert sorted(read_samples(tmp_path / "b" / "samples.jsonl"), key=key) == \
-        sorted(read_samples(tmp_path / "a" / "samples.jsonl"), key=key)
+    assert sorted(read_samples(tmp_path / "b" / "samples.jsonl"), key=key) == sorted(
+        read_samples(tmp_path / "a" / "samples.jsonl"), key=key
+    )
 
 
 def test_cli_refuses_yarn_within_native_context_and_records_forced_yarn(tmp_path, tiny_dir, capsys):
     (tmp_path / "b.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
-    args = ["eval", "--model", str(tiny_dir), "--benchmark", str(tmp_path / "b.jsonl"), "--n", "2",
-            "--max-tokens", "4", "--backend", "hf", "--no-progress", "--rope-scaling", "yarn"]
+    args = [
+        "eval",
+        "--model",
+        str(tiny_dir),
+        "--benchmark",
+        str(tmp_path / "b.jsonl"),
+        "--n",
+        "2",
+        "--max-tokens",
+        "4",
+        "--backend",
+        "hf",
+        "--no-progress",
+        "--rope-scaling",
+        "yarn",
+    ]
     assert main(args + ["--output", str(tmp_path / "o1")]) == 2
     assert "YaRN refused" in capsys.readouterr().err
     assert main(args + ["--force-rope-scaling", "--output", str(tmp_path / "o2")]) == 0
@@ -235,8 +279,12 @@ def test_sampler_matches_a_reference_nucleus_sampler(scale):
     kept = torch.where(probs >= sp.gather(1, n_keep - 1), probs, torch.zeros_like(probs))
     assert (n_keep.max() > 1024) == (scale < 1)
     cum = kept.double().cumsum(-1)
-    u = torch.stack([torch.rand((), generator=torch.Generator().manual_seed(i), dtype=torch.float64)
-                     for i in range(rows)]) * cum[:, -1]
+    u = (
+        torch.stack(
+            [torch.rand((), generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(rows)]
+        )
+        * cum[:, -1]
+    )
     want = torch.searchsorted(cum, u.unsqueeze(1), right=True).squeeze(1)
     assert torch.equal(got, want)
     assert bool((kept.gather(1, got.unsqueeze(1)) > 0).all())

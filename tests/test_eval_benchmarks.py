@@ -80,12 +80,20 @@ def test_prompts_only_livecodebench_file_is_refused():
 
 # ------------------------------------------------------------------------------ synthetic
 def test_custom_fields_dotted_paths_and_template(tmp_path):
-    f = _write_jsonl(tmp_path / "hmmt.jsonl", [
-        {"q": {"text": "What is 1+1?"}, "gold": {"value": 2}, "key": "p1"},
-        {"q": {"text": "What is 2+2? Put it in \\boxed{}."}, "gold": {"value": "4"}, "key": "p2"},
-    ])
-    b = load_benchmark(str(f), prompt_field="q.text", answer_field="gold.value", id_field="key",
-                       prompt_template="Q: {problem}\nA (boxed):")
+    f = _write_jsonl(
+        tmp_path / "hmmt.jsonl",
+        [
+            {"q": {"text": "What is 1+1?"}, "gold": {"value": 2}, "key": "p1"},
+            {"q": {"text": "What is 2+2? Put it in \\boxed{}."}, "gold": {"value": "4"}, "key": "p2"},
+        ],
+    )
+    b = load_benchmark(
+        str(f),
+        prompt_field="q.text",
+        answer_field="gold.value",
+        id_field="key",
+        prompt_template="Q: {problem}\nA (boxed):",
+    )
     assert [p.problem_id for p in b.problems] == ["p1", "p2"]
     assert b.problems[0].messages == [{"role": "user", "content": "Q: What is 1+1?\nA (boxed):"}]
     assert b.problems[1].messages[0]["content"] == "What is 2+2? Put it in \\boxed{}."  # already asks for a box
@@ -96,19 +104,25 @@ def test_custom_fields_dotted_paths_and_template(tmp_path):
 
 
 def test_default_template_is_the_r1_wording():
-    assert DEFAULT_MATH_TEMPLATE == ("{problem}\n\nPlease reason step by step, and put your final answer "
-                                     "within \\boxed{}.")
+    assert DEFAULT_MATH_TEMPLATE == (
+        "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+    )
 
 
-@pytest.mark.parametrize("content,needle", [
-    ('{"problem": "x", "answer": "1"}\n{"problem": "y", "answer": \n', ": line 2 (row 1): invalid JSON"),
-    ('{"problem": "x", "answer": "1"}\n\n[1, 2]\n', ": row 1: is list [1, 2] (expected a JSON object)"),
-    ('{"problem": "x", "answer": "1"}\n{"problem": "y"}\n', ": row 1: no answer"),
-    ('{"problem": "x", "answer": "1"}\n{"answer": "2"}\n', ": row 1: no prompt"),
-    ('{"messages": [{"role": "user"}], "answer": "1"}\n', ": row 0: messages[0]"),
-    ('{"id": 1, "problem": "x", "answer": "1"}\n{"id": 1, "problem": "y", "answer": "2"}\n',
-     ": row 1: duplicate problem id"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ('{"problem": "x", "answer": "1"}\n{"problem": "y", "answer": \n', ": line 2 (row 1): invalid JSON"),
+        ('{"problem": "x", "answer": "1"}\n\n[1, 2]\n', ": row 1: is list [1, 2] (expected a JSON object)"),
+        ('{"problem": "x", "answer": "1"}\n{"problem": "y"}\n', ": row 1: no answer"),
+        ('{"problem": "x", "answer": "1"}\n{"answer": "2"}\n', ": row 1: no prompt"),
+        ('{"messages": [{"role": "user"}], "answer": "1"}\n', ": row 0: messages[0]"),
+        (
+            '{"id": 1, "problem": "x", "answer": "1"}\n{"id": 1, "problem": "y", "answer": "2"}\n',
+            ": row 1: duplicate problem id",
+        ),
+    ],
+)
 def test_malformed_benchmark_lines_name_file_and_line(tmp_path, content, needle):
     f = tmp_path / "bad.jsonl"
     f.write_text(content)
@@ -145,21 +159,42 @@ def _compress(tests):
 def lcb_rows():
     stdin_public = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
     stdin_private = [{"input": "5 5\n", "output": "10\n", "testtype": "stdin"}]
-    call_tests = [{"input": "[1, 2, 3]\n2", "output": "5", "testtype": "functional"},
-                  {"input": "[]\n0", "output": "0", "testtype": "functional"}]
+    call_tests = [
+        {"input": "[1, 2, 3]\n2", "output": "5", "testtype": "functional"},
+        {"input": "[]\n0", "output": "0", "testtype": "functional"},
+    ]
     return [
-        {"question_id": "abc001_a", "question_content": "Add two numbers.", "platform": "atcoder",
-         "contest_date": "2024-09-01T00:00:00", "starter_code": "", "difficulty": "easy",
-         "public_test_cases": json.dumps(stdin_public), "private_test_cases": _compress(stdin_private),
-         "metadata": "{}"},
-        {"question_id": "lc_42", "question_content": "Sum the two largest.", "platform": "leetcode",
-         "contest_date": "2025-03-15T00:00:00", "difficulty": "medium",
-         "starter_code": "class Solution:\n    def maxSum(self, nums: List[int], k: int) -> int:\n        ",
-         "public_test_cases": json.dumps(call_tests), "private_test_cases": "",
-         "metadata": json.dumps({"func_name": "maxSum"})},
-        {"question_id": "old_1", "question_content": "Old.", "contest_date": "2023-05-01T00:00:00",
-         "starter_code": "", "public_test_cases": json.dumps(stdin_public), "private_test_cases": "[]",
-         "metadata": "{}"},
+        {
+            "question_id": "abc001_a",
+            "question_content": "Add two numbers.",
+            "platform": "atcoder",
+            "contest_date": "2024-09-01T00:00:00",
+            "starter_code": "",
+            "difficulty": "easy",
+            "public_test_cases": json.dumps(stdin_public),
+            "private_test_cases": _compress(stdin_private),
+            "metadata": "{}",
+        },
+        {
+            "question_id": "lc_42",
+            "question_content": "Sum the two largest.",
+            "platform": "leetcode",
+            "contest_date": "2025-03-15T00:00:00",
+            "difficulty": "medium",
+            "starter_code": "class Solution:\n    def maxSum(self, nums: List[int], k: int) -> int:\n        ",
+            "public_test_cases": json.dumps(call_tests),
+            "private_test_cases": "",
+            "metadata": json.dumps({"func_name": "maxSum"}),
+        },
+        {
+            "question_id": "old_1",
+            "question_content": "Old.",
+            "contest_date": "2023-05-01T00:00:00",
+            "starter_code": "",
+            "public_test_cases": json.dumps(stdin_public),
+            "private_test_cases": "[]",
+            "metadata": "{}",
+        },
     ]
 
 
@@ -170,8 +205,12 @@ def test_livecodebench_conversion(tmp_path):
     a, c = b.problems[0], b.problems[1]
     assert a.kind == "code" and a.data_source == "code_livecodebench"
     assert a.ground_truth == {"format": "stdio", "inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]}
-    assert c.ground_truth == {"format": "call", "fn_name": "maxSum", "inputs": [[[1, 2, 3], 2], [[], 0]],
-                              "outputs": [5, 0]}
+    assert c.ground_truth == {
+        "format": "call",
+        "fn_name": "maxSum",
+        "inputs": [[[1, 2, 3], 2], [[], 0]],
+        "outputs": [5, 0],
+    }
     assert "Read the inputs from stdin" in a.messages[0]["content"]
     assert "class Solution:\n    def maxSum" in c.messages[0]["content"]
     assert c.metadata["platform"] == "leetcode"

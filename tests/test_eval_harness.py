@@ -30,8 +30,15 @@ def synthetic_samples(tmp_path):
     for pid, flags in plan.items():
         for i, ok in enumerate(flags):
             answer = ("0.5" if pid == "p2" else gold[pid]) if ok else "99"
-            rows.append({"problem_id": pid, "response": _boxed(answer), "ground_truth": gold[pid],
-                         "n_tokens": 10 * (i + 1), "finish_reason": "length" if i == 3 else "stop"})
+            rows.append(
+                {
+                    "problem_id": pid,
+                    "response": _boxed(answer),
+                    "ground_truth": gold[pid],
+                    "n_tokens": 10 * (i + 1),
+                    "finish_reason": "length" if i == 3 else "stop",
+                }
+            )
     return _jsonl(tmp_path / "samples_in.jsonl", rows)
 
 
@@ -65,13 +72,20 @@ def test_judge_only_cli_and_k_greater_than_n_refused(tmp_path, capsys):
 
 
 def test_judge_only_with_benchmark_lookup_and_errors(tmp_path):
-    bench = _jsonl(tmp_path / "b.jsonl", [{"id": "a", "problem": "1+1?", "answer": "2"},
-                                         {"id": "b", "problem": "2+2?", "answer": "4"}])
+    bench = _jsonl(
+        tmp_path / "b.jsonl",
+        [{"id": "a", "problem": "1+1?", "answer": "2"}, {"id": "b", "problem": "2+2?", "answer": "4"}],
+    )
     b = load_benchmark(str(bench))
-    samples = _jsonl(tmp_path / "s.jsonl", [
-        {"id": "a", "output": _boxed(2)}, {"id": "a", "output": _boxed(3)},
-        {"id": "b", "output": _boxed(4)}, {"id": "b", "output": "no box"},
-    ])
+    samples = _jsonl(
+        tmp_path / "s.jsonl",
+        [
+            {"id": "a", "output": _boxed(2)},
+            {"id": "a", "output": _boxed(3)},
+            {"id": "b", "output": _boxed(4)},
+            {"id": "b", "output": "no box"},
+        ],
+    )
     s = judge_only(samples, tmp_path / "o", benchmark=b, id_field="id")
     assert s["avg_at_n"]["mean"] == 0.5 and s["pass_at_k"]["2"] == 1.0
     bad = _jsonl(tmp_path / "s2.jsonl", [{"id": "zzz", "output": "x"}])
@@ -82,19 +96,34 @@ def test_judge_only_with_benchmark_lookup_and_errors(tmp_path):
         judge_only(partial, tmp_path / "o3", benchmark=b, id_field="id")
 
 
-@pytest.mark.parametrize("content,needle", [
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": \n',
-     ": line 2 (row 1): invalid JSON"),
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "answer": "1"}\n',
-     ": row 1: no response"),
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"response": "x", "answer": "1"}\n',
-     ": row 1: no problem id"),
-    ('{"problem_id": "a", "response": "x"}\n', ": row 0: no ground truth"),
-    ('{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": "y", "answer": "2"}\n',
-     ": row 1: problem 'a' has a different ground truth"),
-    ('{"problem_id": "a", "sample_index": 0, "response": "x", "answer": "1"}\n'
-     '{"problem_id": "a", "sample_index": 0, "response": "y", "answer": "1"}\n', ": row 1: duplicate sample"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (
+            '{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "response": \n',
+            ": line 2 (row 1): invalid JSON",
+        ),
+        (
+            '{"problem_id": "a", "response": "x", "answer": "1"}\n{"problem_id": "a", "answer": "1"}\n',
+            ": row 1: no response",
+        ),
+        (
+            '{"problem_id": "a", "response": "x", "answer": "1"}\n{"response": "x", "answer": "1"}\n',
+            ": row 1: no problem id",
+        ),
+        ('{"problem_id": "a", "response": "x"}\n', ": row 0: no ground truth"),
+        (
+            '{"problem_id": "a", "response": "x", "answer": "1"}\n'
+            '{"problem_id": "a", "response": "y", "answer": "2"}\n',
+            ": row 1: problem 'a' has a different ground truth",
+        ),
+        (
+            '{"problem_id": "a", "sample_index": 0, "response": "x", "answer": "1"}\n'
+            '{"problem_id": "a", "sample_index": 0, "response": "y", "answer": "1"}\n',
+            ": row 1: duplicate sample",
+        ),
+    ],
+)
 def test_malformed_sample_lines_name_file_and_line(tmp_path, content, needle):
     f = tmp_path / "samples.in.jsonl"
     f.write_text(content)
@@ -136,8 +165,7 @@ def small_bench(tmp_path):
 
 def test_resume_after_interruption_gives_the_same_summary(tmp_path, small_bench):
     answers = {p.problem_id: p.ground_truth for p in small_bench.problems}
-    kw = dict(n=6, sampling=SamplingSettings(0.6, 0.95, 64), seed=3, maj=True, model="fake-model",
-              show_progress=False)
+    kw = dict(n=6, sampling=SamplingSettings(0.6, 0.95, 64), seed=3, maj=True, model="fake-model", show_progress=False)
     full = run_eval(small_bench, FakeBackend(answers), tmp_path / "full", **kw)
 
     with pytest.raises(KeyboardInterrupt):
@@ -153,8 +181,9 @@ def test_resume_after_interruption_gives_the_same_summary(tmp_path, small_bench)
     assert not set(again.generated) & {(r["problem_id"], r["sample_index"]) for r in first}
     assert resumed == full
     assert (tmp_path / "resumed" / "summary.json").read_text() == (tmp_path / "full" / "summary.json").read_text()
-    assert sorted(map(json.dumps, read_samples(tmp_path / "resumed" / "samples.jsonl"))) == \
-        sorted(map(json.dumps, read_samples(tmp_path / "full" / "samples.jsonl")))
+    assert sorted(map(json.dumps, read_samples(tmp_path / "resumed" / "samples.jsonl"))) == sorted(
+        map(json.dumps, read_samples(tmp_path / "full" / "samples.jsonl"))
+    )
     # a third run has nothing left to do
     idle = FakeBackend(answers)
     assert run_eval(small_bench, idle, tmp_path / "resumed", **kw) == full and idle.generated == []
@@ -169,13 +198,29 @@ def test_summary_contents_and_settings_guard(tmp_path, small_bench):
     assert s["rope"] == rope and s["sampling"] == {"temperature": 0.6, "top_p": 0.95, "max_tokens": 32768}
     assert set(s["pass_at_k"]) == {"1", "2", "4"}
     recs = read_samples(tmp_path / "r" / "samples.jsonl")
-    assert set(recs[0]) >= {"problem_id", "sample_index", "response", "extracted", "verdict", "n_tokens",
-                            "finish_reason", "reward"}
+    assert set(recs[0]) >= {
+        "problem_id",
+        "sample_index",
+        "response",
+        "extracted",
+        "verdict",
+        "n_tokens",
+        "finish_reason",
+        "reward",
+    }
     expected = sum(r["correct"] for r in recs) / len(recs)
     assert s["avg_at_n"]["mean"] == pytest.approx(expected)
     with pytest.raises(ValueError, match="different settings"):
-        run_eval(small_bench, FakeBackend(answers), tmp_path / "r", n=4, seed=0, rope=rope, show_progress=False,
-                 sampling=SamplingSettings(1.0, 0.95, 32768))
+        run_eval(
+            small_bench,
+            FakeBackend(answers),
+            tmp_path / "r",
+            n=4,
+            seed=0,
+            rope=rope,
+            show_progress=False,
+            sampling=SamplingSettings(1.0, 0.95, 32768),
+        )
     with pytest.raises(ValueError, match="k <= n"):
         run_eval(small_bench, FakeBackend(answers), tmp_path / "r", n=4, ks=[8], show_progress=False)
     # more samples later: only the new indices are generated
@@ -207,8 +252,24 @@ def test_cli_user_errors_exit_2(tmp_path, capsys):
     bench = _jsonl(tmp_path / "b.jsonl", [{"problem": "1+1?", "answer": "2"}])
     assert main(["eval", "--model", "embedded", "--benchmark", "aime25", "--output", str(tmp_path / "o")]) == 2
     assert "nothing can be downloaded" in capsys.readouterr().err
-    assert main(["eval", "--model", "x", "--benchmark", str(bench), "--n", "2", "--k", "1,4",
-                 "--output", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                "x",
+                "--benchmark",
+                str(bench),
+                "--n",
+                "2",
+                "--k",
+                "1,4",
+                "--output",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     assert "k <= n" in capsys.readouterr().err
     assert main(["eval", "--benchmark", str(bench), "--output", str(tmp_path / "o")]) == 2
 
@@ -228,15 +289,31 @@ def test_resume_when_the_last_newline_was_never_written(tmp_path, small_bench):
 # ------------------------------------------------------------- resume refusals, judge-only re-runs (issue 14)
 def test_resume_refusal_names_each_changed_setting_with_old_and_new_values(tmp_path, small_bench):
     answers = {p.problem_id: p.ground_truth for p in small_bench.problems}
-    rope = {"plan": {"source": "none", "rope_type": "default", "engine_max_len": 2048, "needed_len": 100,
-                     "native_context": 2048, "override": None, "config_key": "rope_parameters"}}
+    rope = {
+        "plan": {
+            "source": "none",
+            "rope_type": "default",
+            "engine_max_len": 2048,
+            "needed_len": 100,
+            "native_context": 2048,
+            "override": None,
+            "config_key": "rope_parameters",
+        }
+    }
     kw = dict(n=2, seed=0, show_progress=False, model="m")
-    run_eval(small_bench, FakeBackend(answers), tmp_path / "r", rope=rope, sampling=SamplingSettings(0.6, 0.95, 64),
-             **kw)
+    run_eval(
+        small_bench, FakeBackend(answers), tmp_path / "r", rope=rope, sampling=SamplingSettings(0.6, 0.95, 64), **kw
+    )
     changed = {"plan": {**rope["plan"], "engine_max_len": 4096}}
     with pytest.raises(ValueError) as info:
-        run_eval(small_bench, FakeBackend(answers), tmp_path / "r", rope=changed,
-                 sampling=SamplingSettings(1.0, 0.95, 64), **kw)
+        run_eval(
+            small_bench,
+            FakeBackend(answers),
+            tmp_path / "r",
+            rope=changed,
+            sampling=SamplingSettings(1.0, 0.95, 64),
+            **kw,
+        )
     msg = str(info.value)
     assert "rope.engine_max_len: 2048 -> 4096; sampling.temperature: 0.6 -> 1.0; saved -> now" in msg, msg
     assert "top_p" not in msg and "native_context" not in msg and "\n" not in msg  # only what changed

@@ -24,16 +24,24 @@ def closed_form(n, c, k):
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-@pytest.mark.parametrize("n,c,k,expected", [
-    (1, 0, 1, 0.0), (1, 1, 1, 1.0),
-    (5, 0, 1, 0.0), (5, 0, 5, 0.0),            # c = 0: never 1, whatever k
-    (5, 5, 1, 1.0), (5, 5, 5, 1.0),            # c = n
-    (5, 1, 5, 1.0), (5, 2, 5, 1.0),            # k = n: 1 as soon as one is correct
-    (4, 1, 2, 0.5),                            # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    (10, 3, 1, 0.3),
-    (10, 3, 4, 1 - 35 / 210),                  # 1 - C(7,4)/C(10,4)
-    (64, 1, 8, 0.125), (64, 10, 16, closed_form(64, 10, 16)),
-])
+@pytest.mark.parametrize(
+    "n,c,k,expected",
+    [
+        (1, 0, 1, 0.0),
+        (1, 1, 1, 1.0),
+        (5, 0, 1, 0.0),
+        (5, 0, 5, 0.0),  # c = 0: never 1, whatever k
+        (5, 5, 1, 1.0),
+        (5, 5, 5, 1.0),  # c = n
+        (5, 1, 5, 1.0),
+        (5, 2, 5, 1.0),  # k = n: 1 as soon as one is correct
+        (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+        (10, 3, 1, 0.3),
+        (10, 3, 4, 1 - 35 / 210),  # 1 - C(7,4)/C(10,4)
+        (64, 1, 8, 0.125),
+        (64, 10, 16, closed_form(64, 10, 16)),
+    ],
+)
 def test_pass_at_k_hand_cases(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
     assert pass_at_k(n, c, k) == pytest.approx(closed_form(n, c, k), abs=1e-12)
@@ -120,16 +128,24 @@ def test_default_ks():
 
 
 def _recs(flags, tokens=None, fins=None, answers=None):
-    return [{"sample_index": i, "correct": f, "n_tokens": None if tokens is None else tokens[i],
-             "finish_reason": None if fins is None else fins[i],
-             "extracted": None if answers is None else answers[i]} for i, f in enumerate(flags)]
+    return [
+        {
+            "sample_index": i,
+            "correct": f,
+            "n_tokens": None if tokens is None else tokens[i],
+            "finish_reason": None if fins is None else fins[i],
+            "extracted": None if answers is None else answers[i],
+        }
+        for i, f in enumerate(flags)
+    ]
 
 
 def test_summarize_samples_exact_values():
     samples = {
         "a": _recs([True] * 4, [10, 10, 10, 10], ["stop"] * 4, ["1"] * 4),
-        "b": _recs([True, False, False, False], [20, 40, 40, 40], ["stop", "length", "length", "stop"],
-                   ["2", "9", "9", "8"]),
+        "b": _recs(
+            [True, False, False, False], [20, 40, 40, 40], ["stop", "length", "length", "stop"], ["2", "9", "9", "8"]
+        ),
         "c": _recs([False] * 4, [5, 5, 5, 5], ["stop"] * 4, [None] * 4),
     }
     s = summarize_samples(["a", "b", "c"], samples, ks=[1, 2, 4], maj=True)

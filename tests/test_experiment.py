@@ -26,28 +26,53 @@ def _write_jsonl(path, rows):
 
 
 def _rows(n, start=0):
-    return [{"prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
-             "data_source": "math_test", "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
-             "extra_info": {"index": i}} for i in range(start, start + n)]
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
+            "data_source": "math_test",
+            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+            "extra_info": {"index": i},
+        }
+        for i in range(start, start + n)
+    ]
 
 
 def _base(tmp_path, ckpt):
     train = _write_jsonl(tmp_path / "train.jsonl", _rows(8))
     heldout = _write_jsonl(tmp_path / "heldout.jsonl", _rows(4, start=100))
-    return {"model": str(ckpt), "output_dir": "unused", "seed": 0,
-            "data": {"train": str(train), "heldout": str(heldout)},
-            "eval": {"max_new_tokens": 4, "batch_size": 8, "n_samples": 2, "temperature": 1.0, "every_steps": 1},
-            "trainer": {"num_generations": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
-                        "steps_per_generation": 2, "max_completion_length": 4, "max_steps": 2,
-                        "learning_rate": 1e-4, "save_steps": 1, "temperature": 1.0, "loss_mode": "gppo"}}
+    return {
+        "model": str(ckpt),
+        "output_dir": "unused",
+        "seed": 0,
+        "data": {"train": str(train), "heldout": str(heldout)},
+        "eval": {"max_new_tokens": 4, "batch_size": 8, "n_samples": 2, "temperature": 1.0, "every_steps": 1},
+        "trainer": {
+            "num_generations": 2,
+            "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 1,
+            "steps_per_generation": 2,
+            "max_completion_length": 4,
+            "max_steps": 2,
+            "learning_rate": 1e-4,
+            "save_steps": 1,
+            "temperature": 1.0,
+            "loss_mode": "gppo",
+        },
+    }
 
 
 def _experiment(tmp_path, ckpt):
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(_base(tmp_path, ckpt)))
-    spec = {"name": "tiny", "description": "two arms", "base": "base.yaml", "reference": "gppo", "seeds": [0, 1],
-            "overrides": {"trainer.report_to": []},
-            "arms": {"gppo": {}, "clip": {"trainer.loss_mode": "ppo_clip", "trainer.clip_ratio_c": None}},
-            "output_dir": str(tmp_path / "exp")}
+    spec = {
+        "name": "tiny",
+        "description": "two arms",
+        "base": "base.yaml",
+        "reference": "gppo",
+        "seeds": [0, 1],
+        "overrides": {"trainer.report_to": []},
+        "arms": {"gppo": {}, "clip": {"trainer.loss_mode": "ppo_clip", "trainer.clip_ratio_c": None}},
+        "output_dir": str(tmp_path / "exp"),
+    }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return load_experiment(path)
@@ -98,8 +123,10 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
 
     # the report's numbers, recomputed from the per-run files
     summary = json.loads((out / "summary.json").read_text())
-    after = {run: json.loads((out / run / "eval_after.json").read_text())
-             for run in ("gppo/seed0", "gppo/seed1", "clip/seed0", "clip/seed1")}
+    after = {
+        run: json.loads((out / run / "eval_after.json").read_text())
+        for run in ("gppo/seed0", "gppo/seed1", "clip/seed0", "clip/seed1")
+    }
     accs = [after["clip/seed0"]["accuracy"], after["clip/seed1"]["accuracy"]]
     mean, half = sum(accs) / 2, T_975_DF1 * abs(accs[0] - accs[1]) / math.sqrt(2) / math.sqrt(2)
     final = summary["arms"]["clip"]["final_accuracy"]
@@ -115,8 +142,10 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
     curve_rows = [json.loads(x) for x in (out / "gppo/seed0/heldout_curve.jsonl").read_text().splitlines()]
     assert curve_rows[-1]["accuracy"] == after["gppo/seed0"]["accuracy"]
     assert [r["train_s"] for r in curve_rows] == sorted(r["train_s"] for r in curve_rows)
-    per_run = [statistics.fmean(json.loads(x)["grad_norm"] for x in (out / run / "metrics.jsonl").read_text()
-                                .splitlines()) for run in ("gppo/seed0", "gppo/seed1")]
+    per_run = [
+        statistics.fmean(json.loads(x)["grad_norm"] for x in (out / run / "metrics.jsonl").read_text().splitlines())
+        for run in ("gppo/seed0", "gppo/seed1")
+    ]
     assert summary["arms"]["gppo"]["metrics"]["grad_norm"]["mean"] == pytest.approx(sum(per_run) / 2)
 
     # a finished experiment re-runs no training
@@ -137,8 +166,15 @@ def test_changed_recipe_of_a_started_run_is_refused(tmp_path, tiny_ckpt):
 def test_trl_peer_arm_one_step(tmp_path, tiny_ckpt):
     cfg = _base(tmp_path, tiny_ckpt)
     cfg.update(output_dir=str(tmp_path / "peer"), trainer_impl="trl_grpo")
-    cfg["trainer"].update(max_steps=1, loss_mode="ppo_clip", clip_ratio_high=0.28, clip_ratio_c=None, alpha=0.0,
-                          filter_zero_adv_groups=False, report_to=[])
+    cfg["trainer"].update(
+        max_steps=1,
+        loss_mode="ppo_clip",
+        clip_ratio_high=0.28,
+        clip_ratio_c=None,
+        alpha=0.0,
+        filter_zero_adv_groups=False,
+        report_to=[],
+    )
     report = run_rl(cfg)
     run = tmp_path / "peer"
     assert report["steps"] == 1
@@ -152,12 +188,26 @@ def test_trl_peer_arm_one_step(tmp_path, tiny_ckpt):
 
 
 def test_peer_settings_mapped_or_refused():
-    mapped = peer_trainer_section({"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_mode": "ppo_clip",
-                                   "alpha": 0, "beta1": 1.0, "learning_rate": 1e-6}, "x.yaml")
+    mapped = peer_trainer_section(
+        {
+            "clip_ratio_low": 0.2,
+            "clip_ratio_high": 0.28,
+            "loss_mode": "ppo_clip",
+            "alpha": 0,
+            "beta1": 1.0,
+            "learning_rate": 1e-6,
+        },
+        "x.yaml",
+    )
     assert mapped == {"epsilon": 0.2, "epsilon_high": 0.28, "learning_rate": 1e-6}
-    cases = [({"alpha": 0.1}, "trainer.alpha=0.1 is a GPPO setting"), ({"loss_mode": "gppo"}, "'ppo_clip'"),
-             ({"filter_zero_adv_groups": True}, "filter_zero_adv_groups"), ({"clip_ratio_c": 10.0}, "clip_ratio_c"),
-             ({"beta2": 0.5}, "remove it"), ({"clip_ratio_high": 0.3, "epsilon_high": 0.28}, "disagree")]
+    cases = [
+        ({"alpha": 0.1}, "trainer.alpha=0.1 is a GPPO setting"),
+        ({"loss_mode": "gppo"}, "'ppo_clip'"),
+        ({"filter_zero_adv_groups": True}, "filter_zero_adv_groups"),
+        ({"clip_ratio_c": 10.0}, "clip_ratio_c"),
+        ({"beta2": 0.5}, "remove it"),
+        ({"clip_ratio_high": 0.3, "epsilon_high": 0.28}, "disagree"),
+    ]
     for section, message in cases:
         with pytest.raises(ValueError, match=message):
             peer_trainer_section(section, "x.yaml")

@@ -10,6 +10,7 @@ Z95 = 1.959963984540054  # Phi^-1(0.975)
 
 # ------------------------------------------------------------------ paired_difference
 
+
 def test_paired_difference_symmetric_case():
     # d = [0, 1, 0, -1]: mean 0, sample var = (1 + 1) / 3
     r = paired_difference([1, 0, 0, 1], [1, 1, 0, 0])
@@ -27,12 +28,12 @@ def test_paired_difference_all_improve():
     after = [True] * 8 + [False] * 2
     r = paired_difference(before, after)
     assert r["mean_diff"] == pytest.approx(0.8)
-    sd = math.sqrt((8 * 0.2 ** 2 + 2 * 0.8 ** 2) / 9)  # 0.42164
+    sd = math.sqrt((8 * 0.2**2 + 2 * 0.8**2) / 9)  # 0.42164
     assert r["ci_low"] == pytest.approx(0.8 - Z95 * sd / math.sqrt(10))
     assert r["ci_high"] == pytest.approx(0.8 + Z95 * sd / math.sqrt(10))
     assert r["ci_low"] == pytest.approx(0.53867, abs=1e-4)
     assert (r["n_improved"], r["n_worsened"]) == (8, 0)
-    assert r["mcnemar_p"] == pytest.approx(2 / 2 ** 8)  # 0.0078125
+    assert r["mcnemar_p"] == pytest.approx(2 / 2**8)  # 0.0078125
 
 
 def test_paired_difference_mixed_and_confidence():
@@ -46,7 +47,7 @@ def test_paired_difference_mixed_and_confidence():
     # exact two-sided: 2 * (C(9,0) + C(9,1) + C(9,2)) / 2^9 = 92 / 512
     assert r["mcnemar_p"] == pytest.approx(92 / 512)
     m = 5 / 12
-    var = (7 * (1 - m) ** 2 + 2 * (-1 - m) ** 2 + 3 * m ** 2) / 11
+    var = (7 * (1 - m) ** 2 + 2 * (-1 - m) ** 2 + 3 * m**2) / 11
     half = 1.6448536269514722 * math.sqrt(var / 12)
     assert r["ci_low"] == pytest.approx(m - half) and r["ci_high"] == pytest.approx(m + half)
 
@@ -69,6 +70,7 @@ def test_paired_difference_errors():
 
 
 # ------------------------------------------------------------------ generate / evaluate
+
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -145,8 +147,13 @@ def test_generate_real_tiny_model(tiny):
 def test_evaluate_with_stub_scorer(tiny):
     model, tok = tiny
     rows = [
-        {"prompt": [{"role": "user", "content": f"question {i} " * (i + 1)}], "data_source": "stub",
-         "reward_model": {"style": "rule", "ground_truth": gt}, "extra_info": {"index": i}, "prompt_id": f"p{i}"}
+        {
+            "prompt": [{"role": "user", "content": f"question {i} " * (i + 1)}],
+            "data_source": "stub",
+            "reward_model": {"style": "rule", "ground_truth": gt},
+            "extra_info": {"index": i},
+            "prompt_id": f"p{i}",
+        }
         for i, gt in enumerate(["yes", "no", "yes", "yes", "no"])
     ]
     seen = {}
@@ -179,8 +186,15 @@ def test_evaluate_with_stub_scorer(tiny):
 def test_evaluate_sampled_avg_at_n(tiny):
     """avg@n: n samples per problem, per-problem fraction correct, seeded (same samples twice), caller's RNG kept."""
     model, tok = tiny
-    rows = [{"prompt": [{"role": "user", "content": f"question {i}"}], "data_source": "stub",
-             "reward_model": {"style": "rule", "ground_truth": "x"}, "prompt_id": f"p{i}"} for i in range(3)]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"question {i}"}],
+            "data_source": "stub",
+            "reward_model": {"style": "rule", "ground_truth": "x"},
+            "prompt_id": f"p{i}",
+        }
+        for i in range(3)
+    ]
 
     def scorer(data_sources, solution_strs, ground_truths, extra_infos=None):
         return [1.0 if len(s) % 2 == 0 else -1.0 for s in solution_strs]
@@ -188,16 +202,36 @@ def test_evaluate_sampled_avg_at_n(tiny):
     torch.manual_seed(123)
     expected_next = torch.rand(3)
     torch.manual_seed(123)
-    res = evaluate(model, tok, rows, max_new_tokens=5, batch_size=4, scorer=scorer, n_samples=4, temperature=1.0,
-                   seed=7, show_progress=False)
+    res = evaluate(
+        model,
+        tok,
+        rows,
+        max_new_tokens=5,
+        batch_size=4,
+        scorer=scorer,
+        n_samples=4,
+        temperature=1.0,
+        seed=7,
+        show_progress=False,
+    )
     assert torch.equal(torch.rand(3), expected_next)  # sampling used its own generator
     assert res["n"] == 3 and res["samples_per_problem"] == 4 and len(res["completions"]) == 12
     hits = [r == 1.0 for r in res["rewards"]]
-    assert res["correct"] == [sum(hits[i * 4:(i + 1) * 4]) / 4 for i in range(3)]
+    assert res["correct"] == [sum(hits[i * 4 : (i + 1) * 4]) / 4 for i in range(3)]
     assert res["accuracy"] == pytest.approx(sum(hits) / 12)
     assert len(set(res["completions"][:4])) > 1  # four different samples of problem 0
-    again = evaluate(model, tok, rows, max_new_tokens=5, batch_size=4, scorer=scorer, n_samples=4, temperature=1.0,
-                     seed=7, show_progress=False)
+    again = evaluate(
+        model,
+        tok,
+        rows,
+        max_new_tokens=5,
+        batch_size=4,
+        scorer=scorer,
+        n_samples=4,
+        temperature=1.0,
+        seed=7,
+        show_progress=False,
+    )
     assert again["completions"] == res["completions"]
     with pytest.raises(ValueError, match="must be > 0 to draw n_samples=2"):
         evaluate(model, tok, rows, max_new_tokens=5, scorer=scorer, n_samples=2)

@@ -58,8 +58,15 @@ def test_job_outputs_and_resume(tmp_path, tiny_ckpt):
     cfg = _job(tmp_path, tiny_ckpt)
     report = run_rl(cfg)
     run = tmp_path / "run"
-    for name in ("config.yaml", "metrics.jsonl", "eval_before.json", "eval_after.json", "eval.json",
-                 "training_curves.png", "final/config.json"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "eval_before.json",
+        "eval_after.json",
+        "eval.json",
+        "training_curves.png",
+        "final/config.json",
+    ):
         assert (run / name).exists(), name
     assert list((run / "tensorboard").glob("**/events.out.tfevents.*"))
     assert sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]

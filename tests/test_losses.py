@@ -62,22 +62,29 @@ MODE_CONFIGS = {
 }
 F_TABLE = {
     #                 inside_pos inside_neg low_negA low_posA high_posA high_negA dual_cap zero_adv
-    "ppo_clip":              [1.1, 0.9, 0.0,   0.5, 0.0,   2.0,  0.0, 0.0],
-    "gppo":                  [1.1, 0.9, 0.8,   0.5, 1.28,  2.0,  0.0, 0.0],
-    "gppo_b0.5_1":           [1.1, 0.9, 0.4,   0.5, 1.28,  2.0,  0.0, 0.0],
-    "gppo_b0.25_0.7":        [1.1, 0.9, 0.2,   0.5, 0.896, 2.0,  0.0, 0.0],
-    "gppo_only_high":        [1.1, 0.9, 0.0,   0.5, 1.28,  2.0,  0.0, 0.0],
-    "gppo_only_high_b2_0.7": [1.1, 0.9, 0.0,   0.5, 0.896, 2.0,  0.0, 0.0],
-    "cispo":                 [1.1, 0.9, 0.8,   0.8, 1.28,  1.28, 0.0, 0.0],
-    "ppo_erc":               [1.1, 0.9, 0.0,   0.5, 0.0,   2.0,  0.0, 0.0],
-    "gppo_erc":              [1.1, 0.9, 0.8,   0.5, 1.28,  2.0,  0.0, 0.0],
-    "gppo_erc_b0.5_1":       [1.1, 0.9, 0.4,   0.5, 1.28,  2.0,  0.0, 0.0],
+    "ppo_clip": [1.1, 0.9, 0.0, 0.5, 0.0, 2.0, 0.0, 0.0],
+    "gppo": [1.1, 0.9, 0.8, 0.5, 1.28, 2.0, 0.0, 0.0],
+    "gppo_b0.5_1": [1.1, 0.9, 0.4, 0.5, 1.28, 2.0, 0.0, 0.0],
+    "gppo_b0.25_0.7": [1.1, 0.9, 0.2, 0.5, 0.896, 2.0, 0.0, 0.0],
+    "gppo_only_high": [1.1, 0.9, 0.0, 0.5, 1.28, 2.0, 0.0, 0.0],
+    "gppo_only_high_b2_0.7": [1.1, 0.9, 0.0, 0.5, 0.896, 2.0, 0.0, 0.0],
+    "cispo": [1.1, 0.9, 0.8, 0.8, 1.28, 1.28, 0.0, 0.0],
+    "ppo_erc": [1.1, 0.9, 0.0, 0.5, 0.0, 2.0, 0.0, 0.0],
+    "gppo_erc": [1.1, 0.9, 0.8, 0.5, 1.28, 2.0, 0.0, 0.0],
+    "gppo_erc_b0.5_1": [1.1, 0.9, 0.4, 0.5, 1.28, 2.0, 0.0, 0.0],
 }
 # Without dual clip only the dual_cap token (r = 20, A < 0) changes: unclipped branch.
 F_NO_DUAL_CAP = {
-    "ppo_clip": 20.0, "gppo": 20.0, "gppo_b0.5_1": 20.0, "gppo_b0.25_0.7": 20.0,
-    "gppo_only_high": 20.0, "gppo_only_high_b2_0.7": 20.0, "cispo": 1.28,
-    "ppo_erc": 20.0, "gppo_erc": 20.0, "gppo_erc_b0.5_1": 20.0,
+    "ppo_clip": 20.0,
+    "gppo": 20.0,
+    "gppo_b0.5_1": 20.0,
+    "gppo_b0.25_0.7": 20.0,
+    "gppo_only_high": 20.0,
+    "gppo_only_high_b2_0.7": 20.0,
+    "cispo": 1.28,
+    "ppo_erc": 20.0,
+    "gppo_erc": 20.0,
+    "gppo_erc_b0.5_1": 20.0,
 }
 
 
@@ -125,8 +132,15 @@ def test_gradient_table(config, dual):
     h[:, 1] = math.nan  # padded column
     ent = {"entropies": h, "old_entropies": h_old} if _needs_entropies(MODE_CONFIGS[config]["loss_mode"]) else {}
     loss, _ = policy_loss(
-        lp, old, adv, mask, clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH,
-        clip_ratio_c=C if dual else None, **MODE_CONFIGS[config], **ent,
+        lp,
+        old,
+        adv,
+        mask,
+        clip_ratio_low=EPS_LOW,
+        clip_ratio_high=EPS_HIGH,
+        clip_ratio_c=C if dual else None,
+        **MODE_CONFIGS[config],
+        **ent,
     )
     loss.backward()
     f = torch.tensor(F_TABLE[config], dtype=F64)
@@ -174,8 +188,11 @@ def test_gppo_forward_equals_ppo_clip(seed, eps, c):
     lp, old, adv, mask = _random_batch(seed, spread=1.0)
     kw = dict(clip_ratio_low=eps[0], clip_ratio_high=eps[1], clip_ratio_c=c)
     ref, _ = policy_loss(lp, old, adv, mask, loss_mode="ppo_clip", **kw)
-    for mode_kw in (dict(loss_mode="gppo"), dict(loss_mode="gppo", beta1=0.25, beta2=0.7),
-                    dict(loss_mode="gppo_only_high")):
+    for mode_kw in (
+        dict(loss_mode="gppo"),
+        dict(loss_mode="gppo", beta1=0.25, beta2=0.7),
+        dict(loss_mode="gppo_only_high"),
+    ):
         for agg in LOSS_AGG_MODES:
             ref_agg, _ = policy_loss(lp, old, adv, mask, loss_mode="ppo_clip", loss_agg_mode=agg, **kw)
             val, _ = policy_loss(lp.clone().requires_grad_(True), old, adv, mask, loss_agg_mode=agg, **mode_kw, **kw)
@@ -214,8 +231,7 @@ def test_advantages_per_token_equals_broadcast():
     for mode in LOSS_MODES:
         ent = _ent(mode, lp)
         l1, _ = policy_loss(lp, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0, **ent)
-        l2, _ = policy_loss(lp, old, adv[:, None].expand_as(lp).clone(), mask, loss_mode=mode, clip_ratio_c=3.0,
-                            **ent)
+        l2, _ = policy_loss(lp, old, adv[:, None].expand_as(lp).clone(), mask, loss_mode=mode, clip_ratio_c=3.0, **ent)
         assert torch.equal(l1, l2)
 
 
@@ -309,8 +325,9 @@ def test_token_mean_microbatch_split_with_num_tokens(mode):
     counts = [int(mask[sl].sum()) for sl in slices]
     assert len(set(counts)) > 1
     for sl, n_micro in zip(slices, counts):
-        torch.testing.assert_close(naive_lp.grad[sl], full_lp.grad[sl] * total_tokens / (3 * n_micro),
-                                   rtol=1e-10, atol=1e-15)
+        torch.testing.assert_close(
+            naive_lp.grad[sl], full_lp.grad[sl] * total_tokens / (3 * n_micro), rtol=1e-10, atol=1e-15
+        )
     assert naive_sum != pytest.approx(full.item(), rel=1e-6)
 
     # num_tokens as a tensor (e.g. an all-reduced count) works the same
@@ -327,8 +344,9 @@ def test_zero_unmasked_tokens():
     for mode in LOSS_MODES:
         for agg in LOSS_AGG_MODES:
             lp.grad = None
-            loss, metrics = policy_loss(lp, old, torch.randn(3), mask, loss_mode=mode, loss_agg_mode=agg,
-                                        clip_ratio_c=3.0, **_ent(mode, lp))
+            loss, metrics = policy_loss(
+                lp, old, torch.randn(3), mask, loss_mode=mode, loss_agg_mode=agg, clip_ratio_c=3.0, **_ent(mode, lp)
+            )
             assert loss.item() == 0.0 and loss.requires_grad
             loss.backward()
             assert torch.all(lp.grad == 0)
@@ -433,8 +451,9 @@ def test_dtypes(dtype, tol, mode):
     # entropies rounded to dtype for both runs so ERC's decisions agree
     ent = {k: v.to(dtype) for k, v in _ent(mode, lp, seed=6).items()}
     ref_lp = lp.clone().requires_grad_(True)
-    ref, _ = policy_loss(ref_lp, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0,
-                         **{k: v.double() for k, v in ent.items()})
+    ref, _ = policy_loss(
+        ref_lp, old, adv, mask, loss_mode=mode, clip_ratio_c=3.0, **{k: v.double() for k, v in ent.items()}
+    )
     ref.backward()
     # compare on inputs already rounded to dtype so clipping decisions agree
     x = lp.to(dtype).requires_grad_(True)
@@ -456,8 +475,9 @@ def test_policy_loss_errors():
 
     def call(**over):
         kw = {**ok, **over}
-        return policy_loss(kw.pop("log_prob"), kw.pop("old_log_prob"), kw.pop("advantages"),
-                           kw.pop("response_mask"), **kw)
+        return policy_loss(
+            kw.pop("log_prob"), kw.pop("old_log_prob"), kw.pop("advantages"), kw.pop("response_mask"), **kw
+        )
 
     with pytest.raises(ValueError, match=r"old_log_prob.*\(2, 3\).*\(2, 4\)"):
         call(old_log_prob=torch.zeros(2, 4, dtype=F64))
@@ -502,8 +522,7 @@ def test_policy_loss_errors():
 
 
 def test_sft_loss_hand_value_and_grad():
-    lp = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0], [-7.0, -8.0, -9.0]], dtype=F64,
-                      requires_grad=True)
+    lp = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0], [-7.0, -8.0, -9.0]], dtype=F64, requires_grad=True)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1]])
     correct = torch.tensor([True, False, True])
     loss = sft_loss(lp, mask, correct)
@@ -516,8 +535,9 @@ def test_sft_loss_hand_value_and_grad():
 def test_sft_loss_microbatch_split():
     g = torch.Generator().manual_seed(0)
     lp = -torch.rand(6, 5, generator=g, dtype=F64) * 4
-    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0],
-                         [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    mask = torch.tensor(
+        [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    )
     correct = torch.tensor([True, False, True, True, False, True])
     n = int((mask.bool() & correct[:, None]).sum())
     full_x = lp.clone().requires_grad_(True)
@@ -588,8 +608,10 @@ BAD_SETTINGS = [
     (dict(clip_ratio_c=math.nan), "clip_ratio_c must be finite"),
     (dict(beta1=-0.5), "beta1 must be >= 0.0"),
     (dict(beta2=math.inf), "beta2 must be finite"),
-    (dict(loss_mode="ppo_clip", beta1=0.5), "beta1 is only used by loss_mode 'gppo', 'gppo_erc'; got beta1=0.5 "
-                                            "with loss_mode='ppo_clip'"),
+    (
+        dict(loss_mode="ppo_clip", beta1=0.5),
+        "beta1 is only used by loss_mode 'gppo', 'gppo_erc'; got beta1=0.5 with loss_mode='ppo_clip'",
+    ),
     (dict(loss_mode="gppo_only_high", beta1=0.5), "beta1 is only used by loss_mode 'gppo'"),
     (dict(loss_mode="cispo", beta2=0.5), "beta2 is only used by loss_mode 'gppo', 'gppo_only_high'"),
     (dict(loss_mode="ppo_clip", beta2=0.7), "beta2 is only used by loss_mode 'gppo', 'gppo_only_high'"),
@@ -599,8 +621,10 @@ BAD_SETTINGS = [
     (dict(loss_mode="ppo_erc", erc_high=0.0), "erc_high must be > 0.0, got 0.0"),
     (dict(loss_mode="ppo_erc", erc_high=-0.1), "erc_high must be > 0.0"),
     (dict(loss_mode="gppo_erc", erc_high=math.nan), "erc_high must be finite"),
-    (dict(loss_mode="gppo", erc_low=0.1), "erc_low is only used by loss_mode 'ppo_erc', 'gppo_erc'; got "
-                                          "erc_low=0.1 with loss_mode='gppo'"),
+    (
+        dict(loss_mode="gppo", erc_low=0.1),
+        "erc_low is only used by loss_mode 'ppo_erc', 'gppo_erc'; got erc_low=0.1 with loss_mode='gppo'",
+    ),
     (dict(loss_mode="cispo", erc_high=0.2), "erc_high is only used by loss_mode 'ppo_erc', 'gppo_erc'"),
 ]
 
@@ -617,8 +641,11 @@ def test_policy_loss_and_loss_settings_reject_the_same_settings(settings, messag
 
 
 def test_loss_settings_reject_bad_alpha():
-    for alpha, message in ((-0.1, "alpha must be >= 0.0"), (math.nan, "alpha must be finite"),
-                           (math.inf, "alpha must be finite")):
+    for alpha, message in (
+        (-0.1, "alpha must be >= 0.0"),
+        (math.nan, "alpha must be finite"),
+        (math.inf, "alpha must be finite"),
+    ):
         with pytest.raises(ValueError, match=message):
             LossSettings(alpha=alpha)
     with pytest.raises(TypeError, match="alpha must be a real number"):
@@ -626,10 +653,10 @@ def test_loss_settings_reject_bad_alpha():
 
 
 def test_loss_settings_store_floats_and_accept_mode_specific_values():
-    s = LossSettings(loss_mode="gppo", clip_ratio_low=0, clip_ratio_high=1, clip_ratio_c=3, beta1=0, beta2=2,
-                     alpha=0)
-    assert [type(v) for v in (s.clip_ratio_low, s.clip_ratio_high, s.clip_ratio_c, s.beta1, s.beta2, s.alpha)] \
-        == [float] * 6
+    s = LossSettings(loss_mode="gppo", clip_ratio_low=0, clip_ratio_high=1, clip_ratio_c=3, beta1=0, beta2=2, alpha=0)
+    assert [type(v) for v in (s.clip_ratio_low, s.clip_ratio_high, s.clip_ratio_c, s.beta1, s.beta2, s.alpha)] == [
+        float
+    ] * 6
     assert s.mode is LOSS_REGISTRY["gppo"]
     assert LossSettings(loss_mode="gppo_only_high", beta2=0.7).beta2 == 0.7
     with pytest.raises(AttributeError):
@@ -690,8 +717,9 @@ def test_loss_inputs_counts_are_used_by_their_aggregation_only():
     for agg, count in (("token-mean", 2 * n_tok), ("seq-mean-token-sum", 2 * n_seq)):
         kw = {"num_tokens": count} if agg == "token-mean" else {"num_seqs": count}
         ref, _ = policy_loss(lp, old, adv, mask, loss_agg_mode=agg, **kw)
-        got, _ = compute_policy_loss(LossInputs(lp, old, adv, mask, num_tokens=2 * n_tok, num_seqs=2 * n_seq),
-                                     LossSettings(loss_agg_mode=agg))
+        got, _ = compute_policy_loss(
+            LossInputs(lp, old, adv, mask, num_tokens=2 * n_tok, num_seqs=2 * n_seq), LossSettings(loss_agg_mode=agg)
+        )
         assert torch.equal(got, ref)
         own, _ = policy_loss(lp, old, adv, mask, loss_agg_mode=agg)
         assert got.item() == pytest.approx(own.item() / 2, rel=1e-12)
@@ -709,7 +737,8 @@ def test_total_loss_is_policy_plus_alpha_sft(mode):
     x = lp.clone().requires_grad_(True)
     loss, metrics = total_loss(
         LossInputs(x, old, adv, mask, is_correct=correct, num_tokens=n_tok, num_sft_tokens=n_sft, **ent),
-        LossSettings(loss_mode=mode, clip_ratio_c=3.0, alpha=0.3))
+        LossSettings(loss_mode=mode, clip_ratio_c=3.0, alpha=0.3),
+    )
     loss.backward()
     # Reference: policy_loss plus the SFT term written out by hand (Eq. 13), in float64.
     y = lp.clone().requires_grad_(True)
@@ -741,13 +770,15 @@ def test_total_loss_alpha_zero_and_missing_is_correct():
 
 def _entropy_weighted(t, s):
     """A test-only mode that reads both entropy slots: per-token loss ``-r * A * (H - H_old)``."""
-    return TokenLoss(-t.ratio * t.adv * (t.entropies - t.old_entropies), torch.zeros_like(t.mask),
-                     torch.zeros_like(t.mask))
+    return TokenLoss(
+        -t.ratio * t.adv * (t.entropies - t.old_entropies), torch.zeros_like(t.mask), torch.zeros_like(t.mask)
+    )
 
 
 def test_a_registered_mode_gets_the_entropies(monkeypatch):
-    monkeypatch.setitem(LOSS_REGISTRY, "probe", LossMode("probe", _entropy_weighted, needs_entropies=True,
-                                                         needs_old_entropies=True))
+    monkeypatch.setitem(
+        LOSS_REGISTRY, "probe", LossMode("probe", _entropy_weighted, needs_entropies=True, needs_old_entropies=True)
+    )
     lp, old, adv, mask = _random_batch(8, b=4, t=6)
     g = torch.Generator().manual_seed(1)
     ent = (torch.rand(4, 6, generator=g, dtype=F64) * 2).requires_grad_(True)  # a constant for the loss
@@ -785,8 +816,17 @@ def test_a_registered_mode_gets_the_entropies(monkeypatch):
 ERC_CONFIGS = [name for name, cfg in MODE_CONFIGS.items() if _needs_entropies(cfg["loss_mode"])]
 ERC_BASE = {"ppo_erc": "ppo_clip", "gppo_erc": "gppo"}  # the mode ERC is added to
 # (H / H_old, inside ERC's open band (0.95, 1.05)?): the H_old = 1 column below, so rho = (H + 1e-8) / (1 + 1e-8)
-RHO_CASES = [(0.5, False), (0.95 * (1 - 1e-7), False), (0.95 * (1 + 1e-7), True), (0.97, True), (1.0, True),
-             (1.04, True), (1.05 * (1 - 1e-7), True), (1.05 * (1 + 1e-7), False), (3.0, False)]
+RHO_CASES = [
+    (0.5, False),
+    (0.95 * (1 - 1e-7), False),
+    (0.95 * (1 + 1e-7), True),
+    (0.97, True),
+    (1.0, True),
+    (1.04, True),
+    (1.05 * (1 - 1e-7), True),
+    (1.05 * (1 + 1e-7), False),
+    (3.0, False),
+]
 
 
 def _erc_base_kwargs(config):
@@ -839,8 +879,18 @@ def test_erc_per_token_mask_in_one_batch(config):
     inside = torch.tensor([False, True, False, True, False, True, False, True])
     h_old = torch.full_like(old, 0.7)
     h = h_old * rho[:, None]
-    loss, metrics = policy_loss(lp, old, adv, mask, entropies=h, old_entropies=h_old, clip_ratio_low=EPS_LOW,
-                                clip_ratio_high=EPS_HIGH, clip_ratio_c=C, **MODE_CONFIGS[config])
+    loss, metrics = policy_loss(
+        lp,
+        old,
+        adv,
+        mask,
+        entropies=h,
+        old_entropies=h_old,
+        clip_ratio_low=EPS_LOW,
+        clip_ratio_high=EPS_HIGH,
+        clip_ratio_c=C,
+        **MODE_CONFIGS[config],
+    )
     loss.backward()
     f = torch.tensor(F_TABLE[config], dtype=F64) * inside
     torch.testing.assert_close(lp.grad[:, 0], -f * a / n, rtol=1e-12, atol=1e-15)
@@ -917,8 +967,15 @@ def test_erc_needs_both_entropies_and_other_modes_ignore_them():
         with pytest.raises(ValueError, match=rf"loss_mode='{mode}' needs old_entropies \(B, T\); got None"):
             policy_loss(lp, old, adv, mask, loss_mode=mode, entropies=ent["entropies"])
     with pytest.raises(ValueError, match=r"old_entropies must have the shape of log_prob \(B, T\) = \(2, 3\)"):
-        policy_loss(lp, old, adv, mask, loss_mode="ppo_erc", entropies=ent["entropies"],
-                    old_entropies=ent["old_entropies"][:, :2])
+        policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            loss_mode="ppo_erc",
+            entropies=ent["entropies"],
+            old_entropies=ent["old_entropies"][:, :2],
+        )
     gppo, m = policy_loss(lp, old, adv, mask, loss_mode="gppo", **ent)
     assert torch.equal(gppo, policy_loss(lp, old, adv, mask, loss_mode="gppo")[0])
     assert "erc_frac" not in m and "entropy_mean" in m

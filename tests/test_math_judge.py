@@ -67,25 +67,29 @@ def test_a_different_last_significant_digit_is_wrong(gold):
     shorter = _one_digit_fewer(gold)  # .0000672 -> 0.000067, 1.25 -> 1.2 (half-even)
     for other in (bumped_up, bumped_down, shorter):  # independently: really a different number
         assert rel_diff(Decimal(other), Decimal(gold)) > NUMERIC_REL_TOL
-    assert_verdicts([
-        (gold, bumped_up, -1.0),
-        (gold, bumped_down, -1.0),
-        (gold, shorter, -1.0),
-        (gold, gold + "0", 1.0),  # the same value with a trailing zero
-        (gold, format(Decimal(gold), "f"), 1.0),  # leading zero added (.0000672 -> 0.0000672)
-        (gold, f"({gold}, 1)", -1.0),  # a tuple against a number: counter-check of the next one
-    ])
+    assert_verdicts(
+        [
+            (gold, bumped_up, -1.0),
+            (gold, bumped_down, -1.0),
+            (gold, shorter, -1.0),
+            (gold, gold + "0", 1.0),  # the same value with a trailing zero
+            (gold, format(Decimal(gold), "f"), 1.0),  # leading zero added (.0000672 -> 0.0000672)
+            (gold, f"({gold}, 1)", -1.0),  # a tuple against a number: counter-check of the next one
+        ]
+    )
 
 
 def test_relative_rule_holds_inside_tuples_intervals_and_matrices():
-    assert_verdicts([
-        ("(0.0000672, 1)", "(0.0000673, 1)", -1.0),
-        ("(0.0000672, 1)", "(0.00006720, 1)", 1.0),
-        ("[0.15, 3.21)", "[0.16, 3.21)", -1.0),
-        ("[0.15, 3.21)", "[0.150, 3.210)", 1.0),
-        (r"\begin{pmatrix} 0.0000672 \\ 1 \end{pmatrix}", r"\begin{pmatrix} 0.0000673 \\ 1 \end{pmatrix}", -1.0),
-        (r"\begin{pmatrix} 0.5 \\ 1 \end{pmatrix}", r"\begin{pmatrix} \frac12 \\ 1 \end{pmatrix}", 1.0),
-    ])
+    assert_verdicts(
+        [
+            ("(0.0000672, 1)", "(0.0000673, 1)", -1.0),
+            ("(0.0000672, 1)", "(0.00006720, 1)", 1.0),
+            ("[0.15, 3.21)", "[0.16, 3.21)", -1.0),
+            ("[0.15, 3.21)", "[0.150, 3.210)", 1.0),
+            (r"\begin{pmatrix} 0.0000672 \\ 1 \end{pmatrix}", r"\begin{pmatrix} 0.0000673 \\ 1 \end{pmatrix}", -1.0),
+            (r"\begin{pmatrix} 0.5 \\ 1 \end{pmatrix}", r"\begin{pmatrix} \frac12 \\ 1 \end{pmatrix}", 1.0),
+        ]
+    )
 
 
 # Exact values, computed with decimal (60 digits); pi from its well-known expansion.
@@ -117,27 +121,29 @@ def test_decimal_approximations_of_exact_values(gold):
 
 def test_exact_decimals_and_integers_keep_working():
     big = str(2**100)  # 1267650600228229401496703205376
-    assert_verdicts([
-        ("3.141593", r"\pi", -1.0),
-        (r"\pi", "3.141593", -1.0),  # the example, both ways
-        (r"\frac12", "0.5", 1.0),
-        (r"\frac{3}{4}", "0.75", 1.0),
-        (r"\frac{1}{10}", "0.1", 1.0),  # 0.1 is not exact in binary: the tolerance absorbs that
-        ("0.0625", r"\frac{1}{16}", 1.0),
-        (r"\frac13", "0.3333", -1.0),  # decided: a decimal is not the exact fraction ...
-        (r"\frac13", "0.333333", -1.0),
-        (r"\frac13", "0.3333333333", 1.0),  # ... unless it agrees to 10 significant digits
-        ("18", "18.0", 1.0),
-        ("1000000", "1000000.4", -1.0),
-        (r"25\%", "0.25", 1.0),
-        ("-0.5", r"-\frac{1}{2}", 1.0),
-        ("0", "0.0", 1.0),
-        (r"1.5\times10^{9}", "1500000000", 1.0),
-        (big, r"2^{100}", 1.0),
-        (big, str(2**100 + 1), -1.0),  # large integers are exact
-        (big, r"1.2676506002282294\times10^{30}", -1.0),  # a rounded float never matches an integer
-        ("123456789012345678901", "123456789012345678902", -1.0),
-    ])
+    assert_verdicts(
+        [
+            ("3.141593", r"\pi", -1.0),
+            (r"\pi", "3.141593", -1.0),  # the example, both ways
+            (r"\frac12", "0.5", 1.0),
+            (r"\frac{3}{4}", "0.75", 1.0),
+            (r"\frac{1}{10}", "0.1", 1.0),  # 0.1 is not exact in binary: the tolerance absorbs that
+            ("0.0625", r"\frac{1}{16}", 1.0),
+            (r"\frac13", "0.3333", -1.0),  # decided: a decimal is not the exact fraction ...
+            (r"\frac13", "0.333333", -1.0),
+            (r"\frac13", "0.3333333333", 1.0),  # ... unless it agrees to 10 significant digits
+            ("18", "18.0", 1.0),
+            ("1000000", "1000000.4", -1.0),
+            (r"25\%", "0.25", 1.0),
+            ("-0.5", r"-\frac{1}{2}", 1.0),
+            ("0", "0.0", 1.0),
+            (r"1.5\times10^{9}", "1500000000", 1.0),
+            (big, r"2^{100}", 1.0),
+            (big, str(2**100 + 1), -1.0),  # large integers are exact
+            (big, r"1.2676506002282294\times10^{30}", -1.0),  # a rounded float never matches an integer
+            ("123456789012345678901", "123456789012345678902", -1.0),
+        ]
+    )
 
 
 def test_integer_golds_are_never_matched_by_a_nearby_decimal():
@@ -145,47 +151,56 @@ def test_integer_golds_are_never_matched_by_a_nearby_decimal():
     near = [("123456789012", "123456789013.0"), (str(2**100), str(2**100 - 10**12) + ".0")]
     for gold, answer in near:
         assert 0 < rel_diff(Decimal(gold), Decimal(answer)) < NUMERIC_REL_TOL
-    assert_verdicts([(g, a, -1.0) for g, a in near] + [
-        ("123456789012", "123456789012.0", 1.0),
-        (str(2**100), str(2**100) + ".0", 1.0),
-    ])
+    assert_verdicts(
+        [(g, a, -1.0) for g, a in near]
+        + [
+            ("123456789012", "123456789012.0", 1.0),
+            (str(2**100), str(2**100) + ".0", 1.0),
+        ]
+    )
 
 
 # ----------------------------------------------------------------------- tiny values
 @pytest.mark.parametrize("n", [30, 200, 2004])
 def test_tiny_values_are_compared_relatively(n):
     assert Fraction(1, factorial(n)) / Fraction(1, factorial(n + 2)) == (n + 1) * (n + 2)  # far apart
-    assert_verdicts([
-        (rf"\frac{{1}}{{{n}!}}", rf"\frac{{1}}{{{n + 2}!}}", -1.0),
-        (rf"\frac{{1}}{{{n}!}}", rf"\frac{{1}}{{{n + 1}!}}", -1.0),
-        (rf"\frac{{1}}{{{n}!}}", rf"({n}!)^{{-1}}", 1.0),
-    ])
+    assert_verdicts(
+        [
+            (rf"\frac{{1}}{{{n}!}}", rf"\frac{{1}}{{{n + 2}!}}", -1.0),
+            (rf"\frac{{1}}{{{n}!}}", rf"\frac{{1}}{{{n + 1}!}}", -1.0),
+            (rf"\frac{{1}}{{{n}!}}", rf"({n}!)^{{-1}}", 1.0),
+        ]
+    )
 
 
 def test_tiny_powers():
     # 10^-150 vs 1.001e-150: relative difference 1e-3; vs 1.0000000001e-150: 1e-10 (within tolerance)
     assert rel_diff(Decimal("1e-150"), Decimal("1.001e-150")) > NUMERIC_REL_TOL
     assert rel_diff(Decimal("1e-150"), Decimal("1.0000000001e-150")) < NUMERIC_REL_TOL
-    assert_verdicts([
-        ("2^{-400}", "2^{-401}", -1.0),
-        ("2^{-400}", r"\frac{1}{2^{400}}", 1.0),
-        ("10^{-150}", r"2\cdot 10^{-150}", -1.0),
-        ("10^{-150}", r"1.001\times10^{-150}", -1.0),
-        ("10^{-150}", r"1.0000000001\times10^{-150}", 1.0),
-        (r"\frac{1}{2^{99}}", "2^{-99}", 1.0),
-        ("1/2^{99}", "1/2^{98}", -1.0),
-    ])
+    assert_verdicts(
+        [
+            ("2^{-400}", "2^{-401}", -1.0),
+            ("2^{-400}", r"\frac{1}{2^{400}}", 1.0),
+            ("10^{-150}", r"2\cdot 10^{-150}", -1.0),
+            ("10^{-150}", r"1.001\times10^{-150}", -1.0),
+            ("10^{-150}", r"1.0000000001\times10^{-150}", 1.0),
+            (r"\frac{1}{2^{99}}", "2^{-99}", 1.0),
+            ("1/2^{99}", "1/2^{98}", -1.0),
+        ]
+    )
 
 
 def test_huge_exact_values_are_not_compared_loosely():
     # Relative to 9^(9^9) a difference of 1 is nothing, but these are different integers.
-    assert_verdicts([
-        ("9^{9^{9}}", "9^{9^{9}}+1", -1.0),
-        ("10^{10^{100}}", "10^{10^{100}}+1", -1.0),
-        ("9^{9^{9}}", "9^{9^{9}}", 1.0),
-        (r"\frac{\sqrt{6}+\sqrt{2}}{4}", r"\cos\frac{\pi}{12}", 1.0),  # equal values, different forms
-        (r"\frac{\sqrt{6}-\sqrt{2}}{4}", r"\cos\frac{\pi}{12}", -1.0),
-    ])
+    assert_verdicts(
+        [
+            ("9^{9^{9}}", "9^{9^{9}}+1", -1.0),
+            ("10^{10^{100}}", "10^{10^{100}}+1", -1.0),
+            ("9^{9^{9}}", "9^{9^{9}}", 1.0),
+            (r"\frac{\sqrt{6}+\sqrt{2}}{4}", r"\cos\frac{\pi}{12}", 1.0),  # equal values, different forms
+            (r"\frac{\sqrt{6}-\sqrt{2}}{4}", r"\cos\frac{\pi}{12}", -1.0),
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------ bases
@@ -204,92 +219,102 @@ def test_base_subscripts_count(gold):
     last = int(digits[-1], base)
     other_digit = digits[:-1] + str((last + 1) % base)
     assert int(other_digit, base) != value and str(value) != digits
-    assert_verdicts([
-        (gold, f"{digits}_{{{base}}}", 1.0),
-        (gold, f"{digits}_{base}", 1.0),
-        (gold, digits, 1.0),  # the digits in the base that was asked for
-        (gold, f"0{digits}_{base}", 1.0),
-        (gold, rf"\text{{{digits}}}_{{{base}}}", 1.0),
-        (gold, f"{digits}_{base + 1}", -1.0),  # the 52_9 for 52_8
-        (gold, f"{digits}_{{{base + 2}}}", -1.0),
-        (gold, f"{other_digit}_{base}", -1.0),
-        (gold, f"{value}_{{10}}", -1.0),  # the right value, but not in the base asked for
-        (gold, str(value), -1.0),
-    ])
+    assert_verdicts(
+        [
+            (gold, f"{digits}_{{{base}}}", 1.0),
+            (gold, f"{digits}_{base}", 1.0),
+            (gold, digits, 1.0),  # the digits in the base that was asked for
+            (gold, f"0{digits}_{base}", 1.0),
+            (gold, rf"\text{{{digits}}}_{{{base}}}", 1.0),
+            (gold, f"{digits}_{base + 1}", -1.0),  # the 52_9 for 52_8
+            (gold, f"{digits}_{{{base + 2}}}", -1.0),
+            (gold, f"{other_digit}_{base}", -1.0),
+            (gold, f"{value}_{{10}}", -1.0),  # the right value, but not in the base asked for
+            (gold, str(value), -1.0),
+        ]
+    )
 
 
 def test_subscripts_that_are_not_bases_are_left_alone():
-    assert_verdicts([
-        ("a_1", "a_2", -1.0),
-        ("x_1", "x_1", 1.0),
-        ("52", "52", 1.0),
-        ("52", "53", -1.0),
-        ("10001_2", "10001_{2}", 1.0),
-        ("A1_{16}", "a1_{16}", 1.0),  # hexadecimal digits, any case
-        ("A1_{16}", "A2_{16}", -1.0),
-    ])
+    assert_verdicts(
+        [
+            ("a_1", "a_2", -1.0),
+            ("x_1", "x_1", 1.0),
+            ("52", "52", 1.0),
+            ("52", "53", -1.0),
+            ("10001_2", "10001_{2}", 1.0),
+            ("A1_{16}", "a1_{16}", 1.0),  # hexadecimal digits, any case
+            ("A1_{16}", "A2_{16}", -1.0),
+        ]
+    )
 
 
 # ----------------------------------------------------------------------- text answers
 def test_text_answers_compare_without_formatting():
-    assert_verdicts([
-        (r"\text{4:30 p.m.}", r"4:30 \text{ p.m.}", 1.0),  # the example
-        (r"\text{4:30 p.m.}", r"4:30\text{ p.m.}", 1.0),
-        (r"\text{4:30 p.m.}", "4:30 p.m.", 1.0),
-        (r"\text{4:30 p.m.}", r"\mathrm{4:30~p.m.}", 1.0),
-        (r"\text{4:30 p.m.}", r"5:30 \text{ p.m.}", -1.0),
-        (r"\text{4:30 p.m.}", r"4:30 \text{ a.m.}", -1.0),
-        (r"\text{June 20}", "June 20", 1.0),
-        (r"\text{June 20}", r"\text{June 21}", -1.0),
-        # MATH-500 text golds
-        (r"\text{Evelyn}", r"\text{ Evelyn }", 1.0),
-        (r"\text{Evelyn}", r"\text{Briana}", -1.0),
-        (r"\text{(C)}", "(C)", 1.0),
-        (r"\text{(C)}", r"\text{(B)}", -1.0),
-        (r"\text{ellipse}", r"\text{Ellipse}", 1.0),
-        (r"\text{ellipse}", r"\text{circle}", -1.0),
-        (r"5.4 \text{ cents}", "5.4", 1.0),  # units are still stripped
-        (r"5.4 \text{ cents}", r"5.5 \text{ cents}", -1.0),
-        (r"\frac{270}7\text{ degrees}", r"\frac{270}{7}", 1.0),
-    ])
+    assert_verdicts(
+        [
+            (r"\text{4:30 p.m.}", r"4:30 \text{ p.m.}", 1.0),  # the example
+            (r"\text{4:30 p.m.}", r"4:30\text{ p.m.}", 1.0),
+            (r"\text{4:30 p.m.}", "4:30 p.m.", 1.0),
+            (r"\text{4:30 p.m.}", r"\mathrm{4:30~p.m.}", 1.0),
+            (r"\text{4:30 p.m.}", r"5:30 \text{ p.m.}", -1.0),
+            (r"\text{4:30 p.m.}", r"4:30 \text{ a.m.}", -1.0),
+            (r"\text{June 20}", "June 20", 1.0),
+            (r"\text{June 20}", r"\text{June 21}", -1.0),
+            # MATH-500 text golds
+            (r"\text{Evelyn}", r"\text{ Evelyn }", 1.0),
+            (r"\text{Evelyn}", r"\text{Briana}", -1.0),
+            (r"\text{(C)}", "(C)", 1.0),
+            (r"\text{(C)}", r"\text{(B)}", -1.0),
+            (r"\text{ellipse}", r"\text{Ellipse}", 1.0),
+            (r"\text{ellipse}", r"\text{circle}", -1.0),
+            (r"5.4 \text{ cents}", "5.4", 1.0),  # units are still stripped
+            (r"5.4 \text{ cents}", r"5.5 \text{ cents}", -1.0),
+            (r"\frac{270}7\text{ degrees}", r"\frac{270}{7}", 1.0),
+        ]
+    )
 
 
 def test_upright_e_and_i_are_the_constants():
-    assert_verdicts([
-        (r"\mathrm{e}", r"\mathrm{e}", 1.0),
-        (r"\frac{1}{\mathrm{e}}", r"\frac{1}{\mathrm{e}}", 1.0),  # was an unusable gold
-        (r"\frac{1}{\mathrm{e}}", "e^{-1}", 1.0),
-        (r"\frac{1}{\mathrm{e}}", r"\frac{1}{\pi}", -1.0),
-        (r"\sqrt{\mathrm{e}}", r"\sqrt{e}", 1.0),
-        (r"\mathrm{e}^{2}", "e^2", 1.0),
-        (r"2\mathrm{e}", "2e", 1.0),
-        (r"2\mathrm{e}", "2", -1.0),  # math-verify dropped "\mathrm{e}" as a unit: 2e "was" 2
-        (r"2\mathrm{e}", "3e", -1.0),
-        (r"2+3\mathrm{i}", "2+3i", 1.0),
-        (r"2+3\mathrm{i}", "5", -1.0),  # likewise 2+3i "was" 5
-        (r"2+3\mathrm{i}", "2+4i", -1.0),
-    ])
+    assert_verdicts(
+        [
+            (r"\mathrm{e}", r"\mathrm{e}", 1.0),
+            (r"\frac{1}{\mathrm{e}}", r"\frac{1}{\mathrm{e}}", 1.0),  # was an unusable gold
+            (r"\frac{1}{\mathrm{e}}", "e^{-1}", 1.0),
+            (r"\frac{1}{\mathrm{e}}", r"\frac{1}{\pi}", -1.0),
+            (r"\sqrt{\mathrm{e}}", r"\sqrt{e}", 1.0),
+            (r"\mathrm{e}^{2}", "e^2", 1.0),
+            (r"2\mathrm{e}", "2e", 1.0),
+            (r"2\mathrm{e}", "2", -1.0),  # math-verify dropped "\mathrm{e}" as a unit: 2e "was" 2
+            (r"2\mathrm{e}", "3e", -1.0),
+            (r"2+3\mathrm{i}", "2+3i", 1.0),
+            (r"2+3\mathrm{i}", "5", -1.0),  # likewise 2+3i "was" 5
+            (r"2+3\mathrm{i}", "2+4i", -1.0),
+        ]
+    )
 
 
 # ------------------------------------------------------------------ inequality vs interval
 def test_inequalities_equal_the_intervals_they_describe():
-    assert_verdicts([
-        (r"[\sqrt{2}, \infty)", r"x \geq \sqrt{2}", 1.0),  # the example
-        (r"[\sqrt{2}, \infty)", r"x > \sqrt{2}", -1.0),
-        (r"[\sqrt{2}, \infty)", r"x \geq 2", -1.0),
-        (r"x \geq \sqrt{2}", r"[\sqrt{2}, \infty)", 1.0),  # the other way round (as before)
-        # MATH-500 interval golds
-        (r"(2,\infty)", "x>2", 1.0),
-        (r"(2,\infty)", r"x \ge 2", -1.0),
-        (r"(-\infty, 0]", r"x \le 0", 1.0),
-        (r"(-\infty, 0]", "x<0", -1.0),
-        (r"\left(\frac{3}{5},\frac{8}{3}\right]", r"\frac35 < x \le \frac83", 1.0),
-        (r"\left(\frac{3}{5},\frac{8}{3}\right]", r"\frac35 \le x \le \frac83", -1.0),
-        (r"(-\infty, 2) \cup (3, \infty)", r"x<2 \text{ or } x>3", 1.0),
-        (r"(-\infty, 2) \cup (3, \infty)", r"x<2 \text{ and } x>3", -1.0),
-        (r"(-\infty, 2) \cup (3, \infty)", r"x \le 2 \text{ or } x>3", -1.0),
-        (r"(-\infty, 2) \cup (3, \infty)", r"(-\infty, 2] \cup (3, \infty)", -1.0),
-    ])
+    assert_verdicts(
+        [
+            (r"[\sqrt{2}, \infty)", r"x \geq \sqrt{2}", 1.0),  # the example
+            (r"[\sqrt{2}, \infty)", r"x > \sqrt{2}", -1.0),
+            (r"[\sqrt{2}, \infty)", r"x \geq 2", -1.0),
+            (r"x \geq \sqrt{2}", r"[\sqrt{2}, \infty)", 1.0),  # the other way round (as before)
+            # MATH-500 interval golds
+            (r"(2,\infty)", "x>2", 1.0),
+            (r"(2,\infty)", r"x \ge 2", -1.0),
+            (r"(-\infty, 0]", r"x \le 0", 1.0),
+            (r"(-\infty, 0]", "x<0", -1.0),
+            (r"\left(\frac{3}{5},\frac{8}{3}\right]", r"\frac35 < x \le \frac83", 1.0),
+            (r"\left(\frac{3}{5},\frac{8}{3}\right]", r"\frac35 \le x \le \frac83", -1.0),
+            (r"(-\infty, 2) \cup (3, \infty)", r"x<2 \text{ or } x>3", 1.0),
+            (r"(-\infty, 2) \cup (3, \infty)", r"x<2 \text{ and } x>3", -1.0),
+            (r"(-\infty, 2) \cup (3, \infty)", r"x \le 2 \text{ or } x>3", -1.0),
+            (r"(-\infty, 2) \cup (3, \infty)", r"(-\infty, 2] \cup (3, \infty)", -1.0),
+        ]
+    )
 
 
 # ----------------------------------------------------------------------- think format
@@ -313,8 +338,9 @@ def test_think_format_is_one_closed_block(response, reason, data_source):
     assert extract_code(program.replace("<think>", "").replace("</think>", "")) == "print(9)\n"
 
 
-@pytest.mark.parametrize("response", [r"<think>a</think>\boxed{9}", r"a</think>\boxed{9}",
-                                      "<think>\na\n</think>\n\n\\boxed{9}"])
+@pytest.mark.parametrize(
+    "response", [r"<think>a</think>\boxed{9}", r"a</think>\boxed{9}", "<think>\na\n</think>\n\n\\boxed{9}"]
+)
 def test_one_closed_think_block_passes(response):
     assert compute_score("math_longcot_math_verify", response, "9") == 1.0
     code = extract_code(response.replace(r"\boxed{9}", "\n```python\nprint(9)\n```\n"), require_think=True)
@@ -341,13 +367,15 @@ def _golds(name: str) -> list[str]:
     return [str(r["meta"].get("answer", r["meta"]["solution"])) for r in rows]
 
 
-@pytest.mark.parametrize("name", ["aime24.qs.jsonl", "aime25.qs.jsonl", "aime960_math_verify.json",
-                                  "gsm8k_test_500.jsonl"])
+@pytest.mark.parametrize(
+    "name", ["aime24.qs.jsonl", "aime25.qs.jsonl", "aime960_math_verify.json", "gsm8k_test_500.jsonl"]
+)
 def test_every_shared_gold_scores_plus_one_against_itself(name):
     golds = _golds(name)
     assert len(golds) in (30, 960, 500)
-    res = math_score_batch_detailed([f"<think>x</think> So $\\boxed{{{g}}}$." for g in golds], golds,
-                                    require_think=True)
+    res = math_score_batch_detailed(
+        [f"<think>x</think> So $\\boxed{{{g}}}$." for g in golds], golds, require_think=True
+    )
     assert [r.score for r in res] == [1.0] * len(golds), [(g, r.reason) for g, r in zip(golds, res) if r.score < 1]
     values = [int(g.replace(",", "")) for g in golds]  # GSM8K writes thousands separators: "2,125"
     # The same value written another way (not the same text, so math-verify decides) ...

@@ -350,9 +350,7 @@ def test_aime24_golds():
     assert compute_scores(ds, wrong, golds) == [-1.0] * 30
 
 
-@pytest.mark.skipif(
-    not (DATA / "aime960_math_verify.json").exists(), reason="shared verl-format AIME data not present"
-)
+@pytest.mark.skipif(not (DATA / "aime960_math_verify.json").exists(), reason="shared verl-format AIME data not present")
 def test_verl_rows_dispatch_on_their_data_source():
     lines = (DATA / "aime960_math_verify.json").read_text().splitlines()[:64]
     rows = [json.loads(line) for line in lines if line.strip()]
@@ -373,8 +371,9 @@ def test_list_ground_truth_any_acceptable_answer_counts():
     assert compute_score("math_x", r"\boxed{3}", ["1/2", "0.5"]) == -1.0
     # An interval written in LaTeX is one answer, not a JSON list.
     assert compute_score("math_x", r"\boxed{[0, 1)}", "[0, 1)") == 1.0
-    assert compute_scores(["math_x"] * 3, [r"\boxed{2}", r"\boxed{7}", r"\boxed{5}"],
-                          [["1", "2"], "7", '["4", "6"]']) == [1.0, 1.0, -1.0]
+    assert compute_scores(
+        ["math_x"] * 3, [r"\boxed{2}", r"\boxed{7}", r"\boxed{5}"], [["1", "2"], "7", '["4", "6"]']
+    ) == [1.0, 1.0, -1.0]
 
 
 # ------------------------------------------- a worker killed while holding a pool lock
@@ -420,9 +419,7 @@ def test_pool_recovers_from_a_lock_held_by_a_killed_worker():
     _hold_channel_lock_in_dead_process(pool)
     golds = [r"\frac{1}{3}", "2^{10}", r"\sqrt{2}", "0.75"]
     answers = ["1/3", "1024", r"2^{1/2}", r"\frac{3}{4}"]
-    res, elapsed = _score_in_thread(
-        lambda: math_score_batch_detailed([boxed(a) for a in answers], golds), 30
-    )
+    res, elapsed = _score_in_thread(lambda: math_score_batch_detailed([boxed(a) for a in answers], golds), 30)
     assert [r.score for r in res] == [1.0] * 4, res
     assert elapsed < 15, elapsed
 

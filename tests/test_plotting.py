@@ -11,12 +11,27 @@ def _write(path, lines):
 
 
 def test_plot_writes_png(tmp_path):
-    rows = [{"step": s, "reward": -1 + 0.2 * s, "klear/accuracy": 0.1 * s, "klear/clip_frac_high": 0.01,
-             "klear/clip_frac_low": 0.02, "entropy": 1.0 - 0.05 * s, "grad_norm": 0.07, "lr": 1e-6}
-            for s in range(1, 6)]
+    rows = [
+        {
+            "step": s,
+            "reward": -1 + 0.2 * s,
+            "klear/accuracy": 0.1 * s,
+            "klear/clip_frac_high": 0.01,
+            "klear/clip_frac_low": 0.02,
+            "entropy": 1.0 - 0.05 * s,
+            "grad_norm": 0.07,
+            "lr": 1e-6,
+        }
+        for s in range(1, 6)
+    ]
     lines = [json.dumps(r) for r in rows]
-    lines += ["", "not json", json.dumps({"reward": 5.0}), json.dumps({"step": 6, "reward": "nan?"}),
-              json.dumps([1, 2])]
+    lines += [
+        "",
+        "not json",
+        json.dumps({"reward": 5.0}),
+        json.dumps({"step": 6, "reward": "nan?"}),
+        json.dumps([1, 2]),
+    ]
     f = _write(tmp_path / "metrics.jsonl", lines)
     series = read_metrics(f)
     assert [s for s, _ in series["reward"]] == [1, 2, 3, 4, 5]  # line without step / string value skipped

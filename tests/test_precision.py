@@ -51,8 +51,13 @@ def test_trainer_section_is_made_explicit(monkeypatch):
     """TRL's configs default to bf16=True; the resolved section always says what runs."""
     monkeypatch.setattr(P, "_cuda", lambda: (False, False))
     cfg, prec = P.resolve_trainer_precision({"learning_rate": 1e-6, "gradient_checkpointing": "auto"})
-    assert cfg == {"learning_rate": 1e-6, "bf16": False, "fp16": False, "use_cpu": True,
-                   "gradient_checkpointing": False}
+    assert cfg == {
+        "learning_rate": 1e-6,
+        "bf16": False,
+        "fp16": False,
+        "use_cpu": True,
+        "gradient_checkpointing": False,
+    }
     assert prec.describe() == "precision: float32 on cpu (requested: auto)"
     monkeypatch.setattr(P, "_cuda", lambda: (True, True))
     cfg, prec = P.resolve_trainer_precision({"gradient_checkpointing": "auto"})
@@ -80,6 +85,7 @@ def test_inference_dtype(monkeypatch):
 
 # --------------------------------------------------------------------------- through `klear rl`
 
+
 def _parity_score(data_source, solution_str, ground_truth, extra_info=None, **_):
     """+1 for an even number of characters, -1 otherwise: mixed rewards within a group, so every step learns."""
     return 1.0 if len(solution_str) % 2 == 0 else -1.0
@@ -93,17 +99,36 @@ def parity_reward():
 
 
 def _rl_job(tmp_path, ckpt, data_source, **trainer):
-    rows = [{"prompt": [{"role": "user", "content": f"Say something about {i}."}], "data_source": data_source,
-             "reward_model": {"style": "rule", "ground_truth": "x"}, "extra_info": {"index": i}} for i in range(16)]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Say something about {i}."}],
+            "data_source": data_source,
+            "reward_model": {"style": "rule", "ground_truth": "x"},
+            "extra_info": {"index": i},
+        }
+        for i in range(16)
+    ]
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {
-        "model": str(ckpt), "output_dir": str(tmp_path / "run"), "seed": 0,
+        "model": str(ckpt),
+        "output_dir": str(tmp_path / "run"),
+        "seed": 0,
         "data": {"train": str(train)},
-        "trainer": {"num_generations": 4, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
-                    "steps_per_generation": 2, "max_completion_length": 8, "max_steps": 6, "learning_rate": 3e-3,
-                    "temperature": 1.0, "filter_zero_adv_groups": False, "save_strategy": "no",
-                    "report_to": [], **trainer},
+        "trainer": {
+            "num_generations": 4,
+            "per_device_train_batch_size": 8,
+            "gradient_accumulation_steps": 1,
+            "steps_per_generation": 2,
+            "max_completion_length": 8,
+            "max_steps": 6,
+            "learning_rate": 3e-3,
+            "temperature": 1.0,
+            "filter_zero_adv_groups": False,
+            "save_strategy": "no",
+            "report_to": [],
+            **trainer,
+        },
     }
 
 
@@ -122,7 +147,7 @@ def _reference_log_probs(ckpt, micro_batches, temperature):
                 n = int(mb["completion_mask"][i].sum())
                 completion = mb["completion_ids"][i, :n]
                 ids = torch.cat([prompt, completion]).unsqueeze(0)
-                logits = model(input_ids=ids).logits[0, prompt.numel() - 1:-1] / temperature
+                logits = model(input_ids=ids).logits[0, prompt.numel() - 1 : -1] / temperature
                 ref = torch.log_softmax(logits, dim=-1).gather(1, completion.unsqueeze(1)).squeeze(1)
                 out.append((mb["old_per_token_logps"][i, :n].double(), ref))
     return out
@@ -141,9 +166,17 @@ def test_rl_job_first_step_of_every_rollout_is_on_policy_in_float32(tmp_path, ti
     def record(self, micro_batches):
         original(self, micro_batches)
         if not recorded:
-            recorded.append([{k: v.detach().clone() for k, v in mb.items() if k in (
-                "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_per_token_logps")}
-                for mb in micro_batches])
+            recorded.append(
+                [
+                    {
+                        k: v.detach().clone()
+                        for k, v in mb.items()
+                        if k
+                        in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_per_token_logps")
+                    }
+                    for mb in micro_batches
+                ]
+            )
 
     monkeypatch.setattr(GPPOTrainer, "_old_log_probs", record)
     run_rl(_rl_job(tmp_path, tiny_ckpt, parity_reward))
@@ -183,8 +216,11 @@ def test_rl_job_on_cpu_resolves_to_float32(tmp_path, tiny_ckpt, parity_reward, c
     cfg = _rl_job(tmp_path, tiny_ckpt, parity_reward, max_steps=1, steps_per_generation=1)
     run_rl(cfg)
     run = tmp_path / "run"
-    assert json.loads((run / "run.json").read_text())["precision"] == {"device": "cpu", "dtype": "float32",
-                                                                        "requested": "auto"}
+    assert json.loads((run / "run.json").read_text())["precision"] == {
+        "device": "cpu",
+        "dtype": "float32",
+        "requested": "auto",
+    }
     trainer = yaml.safe_load((run / "config.yaml").read_text())["trainer"]
     assert (trainer["bf16"], trainer["fp16"], trainer["use_cpu"]) == (False, False, True)
     assert "precision: float32 on cpu" in capsys.readouterr().out
@@ -201,8 +237,21 @@ def test_klear_eval_refuses_bf16_on_cpu_before_loading(tmp_path, capsys):
     from klear.cli import main
 
     bench = shared_file("math", "aime24.qs.jsonl")
-    code = main(["eval", "--model", str(tmp_path / "no-model-here"), "--benchmark", str(bench), "--n", "1",
-                 "--dtype", "bfloat16", "--output", str(tmp_path / "out")])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "no-model-here"),
+            "--benchmark",
+            str(bench),
+            "--n",
+            "1",
+            "--dtype",
+            "bfloat16",
+            "--output",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 2
     assert "--dtype bfloat16 needs a CUDA GPU with bf16; none is visible" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -13,8 +13,9 @@ def _batch(tok, group_size):
     prompts = [[{"role": "user", "content": "word " * k + f"number {k}"}] for k in (1, 6, 3)]
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     tok.padding_side = "left"
-    enc = tok([t for t in texts for _ in range(group_size)], return_tensors="pt", padding=True,
-              add_special_tokens=False)
+    enc = tok(
+        [t for t in texts for _ in range(group_size)], return_tensors="pt", padding=True, add_special_tokens=False
+    )
     return enc["input_ids"], enc["attention_mask"]
 
 
@@ -31,9 +32,15 @@ def model_tok(tiny_model):
 def test_same_tokens_as_plain_generate(model_tok, do_sample):
     model, tok = model_tok
     ids, mask = _batch(tok, group_size=4)
-    config = GenerationConfig(max_new_tokens=10, do_sample=do_sample, temperature=1.0 if do_sample else None,
-                              top_k=0 if do_sample else None, top_p=None, pad_token_id=tok.pad_token_id,
-                              eos_token_id=tok.eos_token_id)
+    config = GenerationConfig(
+        max_new_tokens=10,
+        do_sample=do_sample,
+        temperature=1.0 if do_sample else None,
+        top_k=0 if do_sample else None,
+        top_p=None,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     calls = []
     original = model.generate
 
@@ -50,7 +57,7 @@ def test_same_tokens_as_plain_generate(model_tok, do_sample):
     # the grouped path ran: L - 1 prompt tokens prefilled, repeated to all 12 rows
     assert calls == [(ids.shape[1] - 1, 12)]
     if do_sample:  # the samples of one group differ: the cache copies are independent rows
-        assert len({tuple(r.tolist()) for r in out[:4, ids.shape[1]:]}) > 1
+        assert len({tuple(r.tolist()) for r in out[:4, ids.shape[1] :]}) > 1
 
 
 def test_falls_back_when_rows_are_not_groups(model_tok):
@@ -64,6 +71,7 @@ def test_falls_back_when_rows_are_not_groups(model_tok):
 
     grouped_prefill_generate(model, generate, ids, mask, group_size=3, generation_config=None)  # 6 rows, not groups
     grouped_prefill_generate(model, generate, ids[[0, 2, 1, 3, 4, 5]], mask, group_size=2, generation_config=None)
-    grouped_prefill_generate(model, generate, ids, mask, group_size=2,
-                             generation_config=GenerationConfig(cache_implementation="static"))
+    grouped_prefill_generate(
+        model, generate, ids, mask, group_size=2, generation_config=GenerationConfig(cache_implementation="static")
+    )
     assert seen == [["attention_mask", "generation_config", "input_ids"]] * 3

@@ -13,14 +13,24 @@ from klear.data.rl_data import (
     make_train_and_heldout,
 )
 
-ARITH = {"name": "basic_arithmetic",
-         "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
-                    "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}}
+ARITH = {
+    "name": "basic_arithmetic",
+    "config": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 2,
+        "operators": ["+", "-"],
+        "allow_parentheses": False,
+        "allow_negation": False,
+    },
+}
 LEGS = {"name": "leg_counting", "weight": 3, "config": {"min_animals": 1, "max_animals": 2}}
 COLUMNS = {"prompt", "data_source", "reward_model", "extra_info", "prompt_id"}
 
 
 # ------------------------------------------------------------------ reasoning gym
+
 
 def test_reasoning_gym_columns_and_layout():
     ds = make_reasoning_gym_dataset([ARITH], size=12, seed=3)
@@ -74,9 +84,18 @@ def test_system_prompt_and_few_shot_options():
 
 
 def test_demo_question_never_generated():
-    small = {"name": "basic_arithmetic",
-             "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
-                        "allow_parentheses": False, "allow_negation": False}}
+    small = {
+        "name": "basic_arithmetic",
+        "config": {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+"],
+            "allow_parentheses": False,
+            "allow_negation": False,
+        },
+    }
     ds = make_reasoning_gym_dataset([small], size=120, seed=0)  # 121 distinct questions exist
     questions = {r["question"] for r in ds["extra_info"]}
     assert len(questions) == 120 and DEFAULT_FEW_SHOT[0]["question"] not in questions
@@ -96,15 +115,25 @@ def test_exclusion_keeps_size_and_train_heldout_disjoint():
 
 
 def test_tiny_problem_space_raises():
-    tiny = {"name": "basic_arithmetic",
-            "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
-                       "allow_parentheses": False, "allow_negation": False}}
+    tiny = {
+        "name": "basic_arithmetic",
+        "config": {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+"],
+            "allow_parentheses": False,
+            "allow_negation": False,
+        },
+    }
     with pytest.raises(ValueError, match="too small"):
         make_reasoning_gym_dataset([tiny], size=130, seed=0)  # only 121 distinct questions exist
 
 
-@pytest.mark.parametrize("tasks", [[], [{"config": {}}], [{"name": "basic_arithmetic", "weight": 0}],
-                                   [{"name": "no_such_task_xyz"}]])
+@pytest.mark.parametrize(
+    "tasks", [[], [{"config": {}}], [{"name": "basic_arithmetic", "weight": 0}], [{"name": "no_such_task_xyz"}]]
+)
 def test_bad_tasks_raise(tasks):
     with pytest.raises(ValueError):
         make_reasoning_gym_dataset(tasks, size=3, seed=0)
@@ -112,13 +141,22 @@ def test_bad_tasks_raise(tasks):
 
 # ------------------------------------------------------------------ verl files
 
+
 def _rows():
     return [
-        {"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "math",
-         "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"index": 10, "split": "train"}},
+        {
+            "prompt": [{"role": "user", "content": "1+1?"}],
+            "data_source": "math",
+            "reward_model": {"style": "rule", "ground_truth": "2"},
+            "extra_info": {"index": 10, "split": "train"},
+        },
         {"prompt": "What is 3*3?", "data_source": "math", "reward_model": {"ground_truth": 9}},
-        {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "half?"}],
-         "data_source": "math", "reward_model": {"ground_truth": ["1/2", 0.5]}, "ability": "math"},
+        {
+            "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "half?"}],
+            "data_source": "math",
+            "reward_model": {"ground_truth": ["1/2", 0.5]},
+            "ability": "math",
+        },
     ]
 
 
@@ -167,24 +205,35 @@ def test_default_data_source(tmp_path):
 GOOD = {"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": "1"}}
 
 
-@pytest.mark.parametrize("bad, field", [
-    ({"prompt": "q", "data_source": "math", "reward_model": {"style": "rule"}}, "reward_model.ground_truth"),
-    ({"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": ""}}, "reward_model.ground_truth"),
-    ({"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": True}}, "reward_model.ground_truth"),
-    ({"prompt": "q", "data_source": "math"}, "reward_model"),
-    ({"data_source": "math", "reward_model": {"ground_truth": "1"}}, "prompt"),
-    ({"prompt": [], "data_source": "math", "reward_model": {"ground_truth": "1"}}, "prompt"),
-    ({"prompt": [{"role": "user"}], "data_source": "math", "reward_model": {"ground_truth": "1"}},
-     r"prompt\[0\]\.content"),
-    ({"prompt": [{"role": "user", "content": 5}], "data_source": "math", "reward_model": {"ground_truth": "1"}},
-     r"prompt\[0\]\.content"),
-    ({"prompt": [{"role": "bot", "content": "x"}], "data_source": "math", "reward_model": {"ground_truth": "1"}},
-     r"prompt\[0\]\.role"),
-    ({"prompt": ["hi"], "data_source": "math", "reward_model": {"ground_truth": "1"}}, r"prompt\[0\]"),
-    ({"prompt": "q", "data_source": 3, "reward_model": {"ground_truth": "1"}}, "data_source"),
-    ({"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": "1"}, "extra_info": [1]},
-     "extra_info"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"prompt": "q", "data_source": "math", "reward_model": {"style": "rule"}}, "reward_model.ground_truth"),
+        ({"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": ""}}, "reward_model.ground_truth"),
+        ({"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": True}}, "reward_model.ground_truth"),
+        ({"prompt": "q", "data_source": "math"}, "reward_model"),
+        ({"data_source": "math", "reward_model": {"ground_truth": "1"}}, "prompt"),
+        ({"prompt": [], "data_source": "math", "reward_model": {"ground_truth": "1"}}, "prompt"),
+        (
+            {"prompt": [{"role": "user"}], "data_source": "math", "reward_model": {"ground_truth": "1"}},
+            r"prompt\[0\]\.content",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": 5}], "data_source": "math", "reward_model": {"ground_truth": "1"}},
+            r"prompt\[0\]\.content",
+        ),
+        (
+            {"prompt": [{"role": "bot", "content": "x"}], "data_source": "math", "reward_model": {"ground_truth": "1"}},
+            r"prompt\[0\]\.role",
+        ),
+        ({"prompt": ["hi"], "data_source": "math", "reward_model": {"ground_truth": "1"}}, r"prompt\[0\]"),
+        ({"prompt": "q", "data_source": 3, "reward_model": {"ground_truth": "1"}}, "data_source"),
+        (
+            {"prompt": "q", "data_source": "math", "reward_model": {"ground_truth": "1"}, "extra_info": [1]},
+            "extra_info",
+        ),
+    ],
+)
 def test_bad_row_names_file_row_and_field(tmp_path, bad, field):
     f = _write_jsonl(tmp_path / "train.jsonl", [GOOD, GOOD, GOOD, bad, GOOD])
     with pytest.raises(ValueError, match=rf"train\.jsonl: row 3: field '{field}'") as info:
@@ -193,8 +242,9 @@ def test_bad_row_names_file_row_and_field(tmp_path, bad, field):
 
 
 def test_missing_ground_truth_exact_message(tmp_path):
-    f = _write_jsonl(tmp_path / "train.jsonl", [GOOD, GOOD, GOOD, {"prompt": "q", "data_source": "m",
-                                                                    "reward_model": {}}])
+    f = _write_jsonl(
+        tmp_path / "train.jsonl", [GOOD, GOOD, GOOD, {"prompt": "q", "data_source": "m", "reward_model": {}}]
+    )
     with pytest.raises(ValueError) as info:
         load_rl_file(f)
     msg = str(info.value)
@@ -222,8 +272,11 @@ def test_invalid_json_names_line(tmp_path):
 def test_duplicate_prompt_ids_name_both_rows(tmp_path):
     rows = [dict(GOOD, extra_info={"index": 4}), GOOD, dict(GOOD, extra_info={"index": 4})]
     f = _write_jsonl(tmp_path / "dup.jsonl", rows)
-    with pytest.raises(ValueError, match=r"dup\.jsonl: rows 0 and 2 have the same prompt id '4' "
-                                         r"\(field 'extra_info\.index'"):
+    with pytest.raises(
+        ValueError,
+        match=r"dup\.jsonl: rows 0 and 2 have the same prompt id '4' "
+        r"\(field 'extra_info\.index'",
+    ):
         load_rl_file(f)
     f = _write_jsonl(tmp_path / "dup2.jsonl", [dict(GOOD, prompt_id="a"), GOOD, dict(GOOD, prompt_id="a")])
     with pytest.raises(ValueError, match=r"dup2\.jsonl: rows 0 and 2 .* \(field 'prompt_id'"):

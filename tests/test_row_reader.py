@@ -29,8 +29,10 @@ def _latin1_file(path, rows, bad_row: int, *, blank_first: bool = True):
     parts = [b"\n"] if blank_first else []
     for i, r in enumerate(rows):
         line = json.dumps(r, ensure_ascii=False)
-        parts.append((line.replace("Find", "Caf\u00e9: find", 1).encode("latin-1", "replace") if i == bad_row
-                      else line.encode()) + b"\n")
+        parts.append(
+            (line.replace("Find", "Caf\u00e9: find", 1).encode("latin-1", "replace") if i == bad_row else line.encode())
+            + b"\n"
+        )
     data = b"".join(parts)
     path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
     return path
@@ -48,8 +50,10 @@ def test_non_utf8_row_is_named_the_same_way_in_every_stage(tmp_path, name, capsy
             load(str(path))
         assert str(info.value).startswith(expected), (load.__name__, str(info.value))
 
-    sft_rows = [{"prompt": r["prompt"][0]["content"], "response": "\\boxed{" + r["reward_model"]["ground_truth"] + "}"}
-                for r in rows]
+    sft_rows = [
+        {"prompt": r["prompt"][0]["content"], "response": "\\boxed{" + r["reward_model"]["ground_truth"] + "}"}
+        for r in rows
+    ]
     sft_path = _latin1_file(tmp_path / ("sft_" + name), sft_rows, bad)
     with pytest.raises(ValueError) as info:
         load_sft_file(sft_path)
@@ -72,5 +76,6 @@ def test_good_rows_read_alike_in_every_format(tmp_path):
         path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
         ds = load_rl_file(path)
         assert [x["reward_model"]["ground_truth"] for x in ds] == [r["reward_model"]["ground_truth"] for r in rows]
-        assert [p.ground_truth for p in load_benchmark(str(path)).problems] == [r["reward_model"]["ground_truth"]
-                                                                               for r in rows]
+        assert [p.ground_truth for p in load_benchmark(str(path)).problems] == [
+            r["reward_model"]["ground_truth"] for r in rows
+        ]

@@ -24,22 +24,40 @@ def test_is_correct_numbers_and_tensors():
 
 
 def test_table2_policy():
-    assert [difficulty_label(r, 0.75, 0.25) for r in (1.0, 0.75, 0.5, 0.25, 0.2, 0.0)] == \
-        ["easy", "easy", "medium", "medium", "hard", "hard"]
+    assert [difficulty_label(r, 0.75, 0.25) for r in (1.0, 0.75, 0.5, 0.25, 0.2, 0.0)] == [
+        "easy",
+        "easy",
+        "medium",
+        "medium",
+        "hard",
+        "hard",
+    ]
     assert difficulty_label(0.5) == "easy" and difficulty_label(0.49) == "hard"
     with pytest.raises(ValueError, match="hard_below"):
         difficulty_label(0.5, easy_min=0.2, hard_below=0.4)
     # easy and medium: correct only; hard: everything (mixed data)
-    assert [keep_response(lab, ok) for lab in ("easy", "medium", "hard") for ok in (True, False)] == \
-        [True, False, True, False, True, True]
+    assert [keep_response(lab, ok) for lab in ("easy", "medium", "hard") for ok in (True, False)] == [
+        True,
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
     assert keep_response("medium", False, mixed_for=("medium", "hard"))
     with pytest.raises(ValueError, match="not one of"):
         keep_response("trivial", True)
 
 
 def _sft_row(resp, gt, difficulty=None, pass_rate=None):
-    return {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": resp}],
-            "data_source": "math", "ground_truth": gt, "difficulty": difficulty, "pass_rate": pass_rate}
+    return {
+        "prompt": [{"role": "user", "content": "q"}],
+        "completion": [{"role": "assistant", "content": resp}],
+        "data_source": "math",
+        "ground_truth": gt,
+        "difficulty": difficulty,
+        "pass_rate": pass_rate,
+    }
 
 
 def test_klear_sft_and_klear_data_filters_apply_the_same_policy(tmp_path):
@@ -52,15 +70,28 @@ def test_klear_sft_and_klear_data_filters_apply_the_same_policy(tmp_path):
     rows = [_sft_row(resp, "4", lab) for lab in ("easy", "medium", "hard") for resp in ("\\boxed{4}", "\\boxed{3}")]
     kept, stats = filter_sft_dataset(datasets.Dataset.from_list(rows), "by_difficulty")
     sft_kept = [(r["difficulty"], r["completion"][0]["content"]) for r in kept]
-    assert sft_kept == [("easy", "\\boxed{4}"), ("medium", "\\boxed{4}"), ("hard", "\\boxed{4}"),
-                        ("hard", "\\boxed{3}")]
+    assert sft_kept == [
+        ("easy", "\\boxed{4}"),
+        ("medium", "\\boxed{4}"),
+        ("hard", "\\boxed{4}"),
+        ("hard", "\\boxed{3}"),
+    ]
     assert (stats["n_easy"], stats["n_hard"], stats["n_correct"]) == (4, 2, 2)
 
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     with open(inp, "w") as fh:
         for r in rows:
-            fh.write(json.dumps({"messages": r["prompt"] + r["completion"], "data_source": "math",
-                                 "ground_truth": r["ground_truth"], "difficulty": r["difficulty"]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "messages": r["prompt"] + r["completion"],
+                        "data_source": "math",
+                        "ground_truth": r["ground_truth"],
+                        "difficulty": r["difficulty"],
+                    }
+                )
+                + "\n"
+            )
     filter_sft_correctness(str(inp), str(out), judge=True, progress=False, quiet=True)
     data_kept = [(r["difficulty"], r["messages"][-1]["content"]) for r in map(json.loads, out.read_text().splitlines())]
     assert data_kept == sft_kept
@@ -90,4 +121,3 @@ def test_humaneval_rl_rows_use_the_wording_klear_eval_measures():
         problem = humaneval_problem(task)
         assert row["prompt"] == problem.messages
         assert json.loads(row["reward_model"]["ground_truth"]) == problem.ground_truth
-

@@ -19,18 +19,34 @@ def _jsonl(path, rows):
 
 
 def _row(i, content=None):
-    return {"prompt": [{"role": "user", "content": content or f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
-            "data_source": "math_test", "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
-            "extra_info": {"index": i}}
+    return {
+        "prompt": [{"role": "user", "content": content or f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
+        "data_source": "math_test",
+        "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+        "extra_info": {"index": i},
+    }
 
 
 def _rl_recipe(tmp_path, ckpt, rows=None, **trainer):
     train = _jsonl(tmp_path / "train.jsonl", rows or [_row(i) for i in range(4)])
-    recipe = {"model": str(ckpt), "output_dir": str(tmp_path / "run"), "seed": 0,
-              "data": {"train": str(train), "heldout": "none"}, "eval": {"max_new_tokens": 4, "batch_size": 4},
-              "trainer": {"num_generations": 2, "per_device_train_batch_size": 2, "steps_per_generation": 1,
-                          "max_completion_length": 4, "max_steps": 1, "learning_rate": 1e-4, "report_to": [],
-                          "save_strategy": "no", **trainer}}
+    recipe = {
+        "model": str(ckpt),
+        "output_dir": str(tmp_path / "run"),
+        "seed": 0,
+        "data": {"train": str(train), "heldout": "none"},
+        "eval": {"max_new_tokens": 4, "batch_size": 4},
+        "trainer": {
+            "num_generations": 2,
+            "per_device_train_batch_size": 2,
+            "steps_per_generation": 1,
+            "max_completion_length": 4,
+            "max_steps": 1,
+            "learning_rate": 1e-4,
+            "report_to": [],
+            "save_strategy": "no",
+            **trainer,
+        },
+    }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -50,17 +66,22 @@ def test_rl_refuses_a_prompt_longer_than_the_context_naming_row_and_numbers(tmp_
     rows = [_row(i) for i in range(6)]
     rows[3] = _row(3, long_text)
     tok = AutoTokenizer.from_pretrained(tiny_ckpt)
-    length = len(tok.apply_chat_template(rows[3]["prompt"], add_generation_prompt=True, tokenize=True,
-                                         return_dict=True)["input_ids"])  # independent of klear's renderer
+    length = len(
+        tok.apply_chat_template(rows[3]["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
+    )  # independent of klear's renderer
     context = AutoConfig.from_pretrained(tiny_ckpt).max_position_embeddings
     assert context == 2048 and 1500 < length < context
     budget = context - length + 1  # one token too many
     recipe = _rl_recipe(tmp_path, tiny_ckpt, rows, max_completion_length=budget)
     assert main(["rl", "--config", str(recipe)]) == 2
     err = _one_error_line(capsys, "rl")
-    assert (f"train.jsonl: row 3 (prompt_id '3'): the longest prompt ({length} tokens) plus "
-            f"trainer.max_completion_length {budget} = {context + 1} exceeds the model's context of {context} "
-            "tokens") in err, err
+    assert (
+        f"train.jsonl: row 3 (prompt_id '3'): the longest prompt ({length} tokens) plus "
+        f"trainer.max_completion_length {budget} = {context + 1} exceeds the model's context of {context} "
+        "tokens"
+    ) in err, err
     assert not (tmp_path / "run").exists()  # refused before the run directory exists
 
 
@@ -71,10 +92,16 @@ def test_prompt_context_check_boundary(tiny_ckpt):
     from klear.runs import check_prompt_context
 
     tok = AutoTokenizer.from_pretrained(tiny_ckpt)
-    ds = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]},
-                                     {"prompt": [{"role": "user", "content": "a longer question, with words"}]}])
-    longest = max(len(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
-                                              return_dict=True)["input_ids"]) for p in ds["prompt"])
+    ds = datasets.Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": "hi"}]},
+            {"prompt": [{"role": "user", "content": "a longer question, with words"}]},
+        ]
+    )
+    longest = max(
+        len(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        for p in ds["prompt"]
+    )
     kw = dict(budget_name="trainer.max_completion_length", context=100, where="data.train=x")
     assert check_prompt_context(tok, ds, budget=100 - longest, **kw) == longest  # exactly fits
     with pytest.raises(ValueError, match=rf"data.train=x: row 1: the longest prompt \({longest} tokens\)"):
@@ -99,10 +126,18 @@ def test_resume_from_a_checkpoint_of_another_model_is_one_line(tmp_path, tiny_ck
 
 # ----------------------------------------------------------------------------- sft max_length=0
 def _sft_overrides(tmp_path, ckpt):
-    return [f"model={ckpt}", f"output_dir={tmp_path / 'sft'}", "data.train_size=4", "data.heldout=none",
-            "trainer.max_steps=1", "trainer.warmup_steps=0", "trainer.per_device_train_batch_size=2",
-            "trainer.max_length=256",
-            "trainer.report_to=[]", "trainer.save_strategy=no"]
+    return [
+        f"model={ckpt}",
+        f"output_dir={tmp_path / 'sft'}",
+        "data.train_size=4",
+        "data.heldout=none",
+        "trainer.max_steps=1",
+        "trainer.warmup_steps=0",
+        "trainer.per_device_train_batch_size=2",
+        "trainer.max_length=256",
+        "trainer.report_to=[]",
+        "trainer.save_strategy=no",
+    ]
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "1.5"])
@@ -173,8 +208,9 @@ def test_jobs_print_no_gradient_checkpointing_deprecation(tmp_path, tiny_ckpt):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         assert run_rl(config)["steps"] == 1  # rollouts toggle checkpointing around generate (TRL)
-        sft_config, _ = load_config("sft_demo", _sft_overrides(tmp_path, tiny_ckpt) + [
-            "trainer.gradient_checkpointing=true"])
+        sft_config, _ = load_config(
+            "sft_demo", _sft_overrides(tmp_path, tiny_ckpt) + ["trainer.gradient_checkpointing=true"]
+        )
         assert run_sft(sft_config)["steps"] == 1
     assert _checkpointing_warnings(record) == []
 
@@ -185,14 +221,22 @@ def test_the_filter_is_narrow():
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         silence_checkpointing_deprecations()
-        for old, new in (("gradient_checkpointing", "activation_checkpointing"),
-                         ("is_gradient_checkpointing", "is_activation_checkpointing"),
-                         ("gradient_checkpointing_enable", "activation_checkpointing_enable")):
-            warnings.warn(f"`{old}` is deprecated and will be removed in v6. Use `{new}` instead.", FutureWarning,
-                          stacklevel=1)
-        warnings.warn("`gradient_checkpointing` is deprecated and will be removed in v6. Use "
-                      "`activation_checkpointing` instead.", UserWarning, stacklevel=1)  # another category: kept
+        for old, new in (
+            ("gradient_checkpointing", "activation_checkpointing"),
+            ("is_gradient_checkpointing", "is_activation_checkpointing"),
+            ("gradient_checkpointing_enable", "activation_checkpointing_enable"),
+        ):
+            warnings.warn(
+                f"`{old}` is deprecated and will be removed in v6. Use `{new}` instead.", FutureWarning, stacklevel=1
+            )
+        warnings.warn(
+            "`gradient_checkpointing` is deprecated and will be removed in v6. Use `activation_checkpointing` instead.",
+            UserWarning,
+            stacklevel=1,
+        )  # another category: kept
         # another message: kept
         warnings.warn("`use_cache` is deprecated and will be removed in v6.", FutureWarning, stacklevel=1)
-    assert [(w.category, str(w.message)[:13]) for w in record] == [(UserWarning, "`gradient_che"),
-                                                                    (FutureWarning, "`use_cache` i")]
+    assert [(w.category, str(w.message)[:13]) for w in record] == [
+        (UserWarning, "`gradient_che"),
+        (FutureWarning, "`use_cache` i"),
+    ]

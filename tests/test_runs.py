@@ -27,10 +27,13 @@ def test_output_dir_that_is_a_file(tmp_path):
         _start(f / "sub")
 
 
-@pytest.mark.parametrize("method, err, text", [
-    ("mkdir", PermissionError(errno.EACCES, "Permission denied"), "Permission denied"),  # read-only parent
-    ("write_text", OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),  # full disk
-])
+@pytest.mark.parametrize(
+    "method, err, text",
+    [
+        ("mkdir", PermissionError(errno.EACCES, "Permission denied"), "Permission denied"),  # read-only parent
+        ("write_text", OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),  # full disk
+    ],
+)
 def test_unwritable_output_dir_is_one_line(tmp_path, monkeypatch, method, err, text):
     def fail(self, *a, **k):
         raise err
@@ -125,13 +128,16 @@ def test_only_the_main_process_writes_run_files_and_evaluates(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("stage", ["rl", "sft"])
-@pytest.mark.parametrize("section, message", [
-    ({"n_samples": 4, "temperature": 0.0}, "eval.n_samples > 1 needs eval.temperature > 0"),
-    ({"temperature": -0.5}, "eval.temperature=-0.5 must be a number >= 0"),
-    ({"batch_size": 0}, "eval.batch_size=0 must be an integer >= 1"),
-    ({"enabled": "yes"}, "eval.enabled='yes' must be true or false"),
-    ({"top_k": 5}, r"unknown key\(s\) \['top_k'\] in 'eval'"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"n_samples": 4, "temperature": 0.0}, "eval.n_samples > 1 needs eval.temperature > 0"),
+        ({"temperature": -0.5}, "eval.temperature=-0.5 must be a number >= 0"),
+        ({"batch_size": 0}, "eval.batch_size=0 must be an integer >= 1"),
+        ({"enabled": "yes"}, "eval.enabled='yes' must be true or false"),
+        ({"top_k": 5}, r"unknown key\(s\) \['top_k'\] in 'eval'"),
+    ],
+)
 def test_both_jobs_check_the_eval_section_with_the_shared_rule(stage, section, message):
     """``klear rl`` and ``klear sft`` read the same ``eval`` section (the skeleton's held-out evaluation)."""
     from klear.config import load_config

@@ -76,16 +76,21 @@ def verdicts(box, program, tests, **kw):
 ADVERSARIAL = {
     "infinite_loop": ("while True:\n    pass\n", "timeout"),
     "ignores_sigterm": (
-        "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n", "timeout"),
-    "fork_bomb": (
-        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", None),
+        "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n",
+        "timeout",
+    ),
+    "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", None),
     "memory_bomb": ("x = []\nwhile True:\n    x.append(bytearray(50 << 20))\n", None),
-    "output_flood_1gb": ("import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 65536)\nprint('ok')\n",
-                         "output_limit"),
+    "output_flood_1gb": (
+        "import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 65536)\nprint('ok')\n",
+        "output_limit",
+    ),
     "deep_recursion": ("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)\n", None),
     "daemon_escapes_group": (
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n"
-        "    os._exit(0)\nprint('ok')\n", "pass"),
+        "    os._exit(0)\nprint('ok')\n",
+        "pass",
+    ),
 }
 
 
@@ -112,10 +117,29 @@ def test_environment_is_scrubbed(box, monkeypatch):
     monkeypatch.setenv("KLEAR_TEST_SECRET", "s3cr3t-token")
     prog, tests = stdio("import os\nprint(os.environ.get('KLEAR_TEST_SECRET'))\n", outputs=["s3cr3t-token\n"])
     assert verdicts(box, prog, tests)[0] == ["wrong_answer"]
-    prog, tests = stdio("import os\nprint(sorted(os.environ))\n",
-                        outputs=[str(sorted(["HOME", "LANG", "LC_ALL", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-                                             "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PATH", "PYTHONHASHSEED",
-                                             "TMPDIR", "VECLIB_MAXIMUM_THREADS"])) + "\n"])
+    prog, tests = stdio(
+        "import os\nprint(sorted(os.environ))\n",
+        outputs=[
+            str(
+                sorted(
+                    [
+                        "HOME",
+                        "LANG",
+                        "LC_ALL",
+                        "MKL_NUM_THREADS",
+                        "NUMEXPR_NUM_THREADS",
+                        "OMP_NUM_THREADS",
+                        "OPENBLAS_NUM_THREADS",
+                        "PATH",
+                        "PYTHONHASHSEED",
+                        "TMPDIR",
+                        "VECLIB_MAXIMUM_THREADS",
+                    ]
+                )
+            )
+            + "\n"
+        ],
+    )
     assert verdicts(box, prog, tests)[0] == ["pass"]
 
 
@@ -166,11 +190,7 @@ def test_no_network(box):
     srv.listen(1)
     srv.settimeout(0.3)
     port = srv.getsockname()[1]
-    program = (
-        "import socket\n"
-        f"s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-        "print('connected')\n"
-    )
+    program = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')\n"
     prog, tests = stdio(program, outputs=["connected\n"])
     statuses, _ = verdicts(box, prog, tests)
     try:
@@ -200,23 +220,27 @@ def test_early_exit_and_fake_markers_never_pass(box):
         "override_builtins": (
             "import builtins\nbuiltins.print = lambda *a, **k: None\nbuiltins.exit = lambda *a: None\n"
             "builtins.AssertionError = type('AE', (Exception,), {})\n"
-            "def f(x):\n    return 5\n"),
+            "def f(x):\n    return 5\n"
+        ),
         "always_equal": (
             "class Liar:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
-            "def f(x):\n    return Liar()\n"),
+            "def f(x):\n    return Liar()\n"
+        ),
         "int_subclass_liar": (
-            "class L(int):\n    def __eq__(self, other):\n        return True\n"
-            "def f(x):\n    return L(7)\n"),
+            "class L(int):\n    def __eq__(self, other):\n        return True\ndef f(x):\n    return L(7)\n"
+        ),
         "write_result_fd": (
             "import os, json, struct\n"
             "def f(x):\n    d = json.dumps({'ok': True, 'verdict': 'pass', 'passed': 1, 'total': 1}).encode()\n"
-            "    os.write(4, struct.pack('>I', len(d)) + d)\n    os._exit(0)\n"),
+            "    os.write(4, struct.pack('>I', len(d)) + d)\n    os._exit(0)\n"
+        ),
         "rpc_lie_then_crash": (
             "import os, json, struct\n"
             "d = json.dumps({'op': 'loaded', 'ok': True, 'names': {'f': 'function'}}).encode()\n"
             "os.write(4, struct.pack('>I', len(d)) + d)\n"
             "d = json.dumps({'ok': True, 'value': {'$t': 'obj', 'cls': 'object', 'id': 1, 'v': {}}}).encode()\n"
-            "os.write(4, struct.pack('>I', len(d)) + d)\nos._exit(0)\n"),
+            "os.write(4, struct.pack('>I', len(d)) + d)\nos._exit(0)\n"
+        ),
     }
     tests = parse_ground_truth(gt)
     for name, program in cases.items():
@@ -229,8 +253,12 @@ def test_early_exit_and_fake_markers_never_pass(box):
 
 def test_cannot_hijack_test_helpers_or_builtins(box):
     prefix = "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n"
-    gt = {"format": "assert", "prefix": prefix, "entry_point": "find_zero",
-          "test": "def check(candidate):\n    assert abs(poly([-6, 1], candidate([-6, 1]))) < 1e-6\n"}
+    gt = {
+        "format": "assert",
+        "prefix": prefix,
+        "entry_point": "find_zero",
+        "test": "def check(candidate):\n    assert abs(poly([-6, 1], candidate([-6, 1]))) < 1e-6\n",
+    }
     tests = parse_ground_truth(gt)
     cheat = "def poly(xs, x):\n    return 0\ndef abs(x):\n    return 0\ndef find_zero(xs):\n    return 123.0\n"
     assert verdicts(box, cheat, tests)[0] == ["wrong_answer"]
@@ -266,9 +294,11 @@ def test_cannot_read_the_test_data(box):
 
 def test_no_stray_processes_and_workdirs_emptied():
     with Sandbox(CFG) as b:
-        prog, tests = stdio("import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(30)\n"
-                            "open('junk.txt', 'w').write('x')\nos.mkdir('sub')\nos.symlink('/etc/passwd', 'link')\n"
-                            "print('ok')\n")
+        prog, tests = stdio(
+            "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(30)\n"
+            "open('junk.txt', 'w').write('x')\nos.mkdir('sub')\nos.symlink('/etc/passwd', 'link')\n"
+            "print('ok')\n"
+        )
         assert verdicts(b, prog, tests)[0] == ["pass"]
         wd = b._workdir
         assert wd is not None and list(wd.iterdir()) == []  # emptied after the program
@@ -297,11 +327,13 @@ def test_world_readable_host_files_and_leftovers_are_invisible(box):
         assert verdicts(box, prog, tests)[0] == ["runtime_error"]
     finally:
         secret.unlink()
-    writer = ("import os\nfor d in ('/tmp', '/dev/shm', '.'):\n    open(os.path.join(d, 'left.txt'), 'w').write('x')\n"
-              "print('ok')\n")
+    writer = (
+        "import os\nfor d in ('/tmp', '/dev/shm', '.'):\n    open(os.path.join(d, 'left.txt'), 'w').write('x')\n"
+        "print('ok')\n"
+    )
     prog, tests = stdio(writer)
     assert verdicts(box, prog, tests)[0] == ["pass"]
-    reader = ("import os\nprint(sum(os.path.exists(os.path.join(d, 'left.txt')) for d in ('/tmp', '/dev/shm', '.')))\n")
+    reader = "import os\nprint(sum(os.path.exists(os.path.join(d, 'left.txt')) for d in ('/tmp', '/dev/shm', '.')))\n"
     prog, tests = stdio(reader, outputs=["0\n"])
     assert verdicts(box, prog, tests)[0] == ["pass"]
 
@@ -310,8 +342,9 @@ def test_world_readable_host_files_and_leftovers_are_invisible(box):
 def test_scratch_space_is_bounded():
     cfg = dataclasses.replace(CFG, scratch_bytes=8 << 20)
     with Sandbox(cfg) as b:
-        prog, tests = stdio("with open('big', 'wb') as f:\n    for _ in range(32):\n        f.write(b'x' * (1 << 20))\n"
-                            "print('ok')\n")
+        prog, tests = stdio(
+            "with open('big', 'wb') as f:\n    for _ in range(32):\n        f.write(b'x' * (1 << 20))\nprint('ok')\n"
+        )
         assert verdicts(b, prog, tests)[0] == ["runtime_error"]  # ENOSPC after 8 MiB
 
 
@@ -321,7 +354,7 @@ def test_syscall_filter_blocks_namespaces_and_memfd_but_not_threads(box):
     program = (
         "import ctypes, os, threading, subprocess\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
-        "out = [libc.unshare(0x10000000) == -1]\n"              # CLONE_NEWUSER refused
+        "out = [libc.unshare(0x10000000) == -1]\n"  # CLONE_NEWUSER refused
         "try:\n    os.memfd_create('ram')\n    out.append(False)\nexcept OSError:\n    out.append(True)\n"
         "r = []\nt = threading.Thread(target=lambda: r.append(1))\nt.start()\nt.join()\nout.append(r == [1])\n"
         "out.append(subprocess.run(['true']).returncode == 0)\n"

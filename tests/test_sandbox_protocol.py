@@ -55,11 +55,16 @@ def test_frame_layout_and_limits():
     assert json.loads(protocol.frame({"v": float("inf")})[4:])["v"] == math.inf
 
 
-@pytest.mark.parametrize("v,expected", [
-    (2**53 - 1, 2**53 - 1), (-(2**53) + 1, -(2**53) + 1),
-    (2**53, {"$t": "int", "v": "0x20000000000000"}), (-(2**53), {"$t": "int", "v": "-0x20000000000000"}),
-    (10**30, {"$t": "int", "v": hex(10**30)}),
-])
+@pytest.mark.parametrize(
+    "v,expected",
+    [
+        (2**53 - 1, 2**53 - 1),
+        (-(2**53) + 1, -(2**53) + 1),
+        (2**53, {"$t": "int", "v": "0x20000000000000"}),
+        (-(2**53), {"$t": "int", "v": "-0x20000000000000"}),
+        (10**30, {"$t": "int", "v": hex(10**30)}),
+    ],
+)
 def test_encode_int_boundary(v, expected):
     assert protocol.encode_int(v) == expected
     if isinstance(expected, dict):
@@ -113,9 +118,27 @@ def test_arguments_trusted_to_program_use_exactly_the_protocol_tags(zygote):
     session = object()
     trusted = _Codec(session, {"Node": Node})
     shared = Node(1)
-    args = [None, True, "s", 1.5, 7, 2**70, -(2**60), math.inf, math.nan, (1, (2,)), {3}, frozenset({4}),
-            {(1, 2): [3], "k": None}, b"\x00\xff", bytearray(b"ab"), 1 + 2j, range(1, 9, 2),
-            [shared, shared], Node(2, Node(3))]
+    args = [
+        None,
+        True,
+        "s",
+        1.5,
+        7,
+        2**70,
+        -(2**60),
+        math.inf,
+        math.nan,
+        (1, (2,)),
+        {3},
+        frozenset({4}),
+        {(1, 2): [3], "k": None},
+        b"\x00\xff",
+        bytearray(b"ab"),
+        1 + 2j,
+        range(1, 9, 2),
+        [shared, shared],
+        Node(2, Node(3)),
+    ]
     encoded = _wire(trusted.encode(args))
     assert _tags(encoded, set()) == protocol.TAGS_TO_PROGRAM - {"handle", "global"}
     decoded = program.decode(encoded)
@@ -133,9 +156,28 @@ def test_results_program_to_trusted_use_exactly_the_protocol_tags(zygote):
     program = zygote._Codec({"Node": Node}, ["Node"])
     shared = Node(1)
     unsendable = object()
-    results = [None, False, "s", -0.25, 3, 2**64, math.nan, -math.inf, (1, [2]), {5}, frozenset({6}),
-               {1: "a", (2,): 3.0}, b"xy", 3 - 1j, range(0, 10, 3), [shared, shared], Node(2, Node(3)),
-               fractions.Fraction(1, 3), decimal.Decimal("1.25"), unsendable]
+    results = [
+        None,
+        False,
+        "s",
+        -0.25,
+        3,
+        2**64,
+        math.nan,
+        -math.inf,
+        (1, [2]),
+        {5},
+        frozenset({6}),
+        {1: "a", (2,): 3.0},
+        b"xy",
+        3 - 1j,
+        range(0, 10, 3),
+        [shared, shared],
+        Node(2, Node(3)),
+        fractions.Fraction(1, 3),
+        decimal.Decimal("1.25"),
+        unsendable,
+    ]
     encoded = _wire(program.encode(results))
     encoded_iter = _wire(program.encode(iter([1, (2,)])))
     seen = _tags(encoded, set()) | _tags(encoded_iter, set())
@@ -152,8 +194,12 @@ def test_the_trusted_side_refuses_a_reply_over_the_protocol_limit():
     # A reply frame's body is {"ok": true, "value": "<the string>"}: the string's length plus this.
     overhead = len(json.dumps({"ok": True, "value": ""}))
     at_limit = protocol.MAX_REPLY_BYTES - overhead
-    gt = {"format": "call", "fn_name": "f", "inputs": [[at_limit], [at_limit + 1]],
-          "outputs": ["x" * at_limit, "x" * (at_limit + 1)]}
+    gt = {
+        "format": "call",
+        "fn_name": "f",
+        "inputs": [[at_limit], [at_limit + 1]],
+        "outputs": ["x" * at_limit, "x" * (at_limit + 1)],
+    }
     program = "def f(n):\n    return 'x' * n\n"
     with Sandbox(SandboxConfig(time_limit_s=20.0, program_time_limit_s=60.0)) as box:
         statuses, detail = run_tests(program, parse_ground_truth(gt), sandbox=box)

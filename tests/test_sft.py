@@ -44,9 +44,19 @@ class _Logs:
 def _args(tmp_path, **kw):
     from klear.sft.trainer import KlearSFTConfig
 
-    base = dict(output_dir=str(tmp_path / "ckpt"), learning_rate=0.0, max_steps=1, logging_steps=1, report_to=[],
-                use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no", seed=0,
-                max_length=256)
+    base = dict(
+        output_dir=str(tmp_path / "ckpt"),
+        learning_rate=0.0,
+        max_steps=1,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        save_strategy="no",
+        seed=0,
+        max_length=256,
+    )
     base.update(kw)
     return KlearSFTConfig(**base)
 
@@ -58,15 +68,16 @@ def _response_nll(model, tok, rows):
     resp_sum, resp_n, all_sum, all_n = 0.0, 0, 0.0, 0
     model.eval()
     for r in rows:
-        p_ids = tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
-                                        return_dict=True)["input_ids"]
+        p_ids = tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
         ids = tok.apply_chat_template(r["prompt"] + r["completion"], tokenize=True, return_dict=True)["input_ids"]
-        assert ids[:len(p_ids)] == p_ids
+        assert ids[: len(p_ids)] == p_ids
         x = torch.tensor([ids])
         with torch.no_grad():
             logp = torch.log_softmax(model(x).logits.double(), dim=-1)[0]
         token_logp = logp[:-1].gather(-1, x[0, 1:, None])[:, 0]  # log p(token t+1 | tokens <= t)
-        resp = token_logp[len(p_ids) - 1:]  # predictions of the completion tokens only
+        resp = token_logp[len(p_ids) - 1 :]  # predictions of the completion tokens only
         resp_sum += -resp.sum().item()
         resp_n += resp.numel()
         all_sum += -token_logp.sum().item()
@@ -81,14 +92,22 @@ def test_training_loss_is_token_mean_nll_of_response_tokens_over_the_optimizer_b
     model, tok = tiny_model
     ds = _pc_dataset()
     logs = _Logs()
-    trainer = KlearSFTTrainer(model=model, args=_args(tmp_path, per_device_train_batch_size=2,
-                                                      gradient_accumulation_steps=2,
-                                                      train_sampling_strategy="sequential"),
-                              train_dataset=ds, processing_class=tok, callbacks=[logs.callback])
+    trainer = KlearSFTTrainer(
+        model=model,
+        args=_args(
+            tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2, train_sampling_strategy="sequential"
+        ),
+        train_dataset=ds,
+        processing_class=tok,
+        callbacks=[logs.callback],
+    )
     # prompt tokens are labelled -100, response tokens (incl. <|im_end|>) keep their ids
     for i, ex in enumerate(trainer.train_dataset):
-        p_len = len(tok.apply_chat_template(ds[i]["prompt"], add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)["input_ids"])
+        p_len = len(
+            tok.apply_chat_template(ds[i]["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
         assert all(lab == -100 for lab in ex["labels"][:p_len])
         assert ex["labels"][p_len:] == ex["input_ids"][p_len:]
         assert tok.eos_token_id in ex["labels"][p_len:]
@@ -101,8 +120,10 @@ def test_training_loss_is_token_mean_nll_of_response_tokens_over_the_optimizer_b
     # what other averagings would give, far outside the tolerance
     assert abs(all_sum / all_n - expected) > 1e-3  # prompt tokens included
     per_example = [_response_nll(model, tok, [r]) for r in ds.to_list()]
-    micro_means = [(per_example[0][0] + per_example[1][0]) / (per_example[0][1] + per_example[1][1]),
-                   (per_example[2][0] + per_example[3][0]) / (per_example[2][1] + per_example[3][1])]
+    micro_means = [
+        (per_example[0][0] + per_example[1][0]) / (per_example[0][1] + per_example[1][1]),
+        (per_example[2][0] + per_example[3][0]) / (per_example[2][1] + per_example[3][1]),
+    ]
     assert abs(sum(micro_means) / 2 - expected) > 1e-3  # mean of micro-batch means
 
 
@@ -116,8 +137,9 @@ def test_packing_gives_the_same_loss(tiny_model, tmp_path, embedded_path):
         model, tok = tiny_random_model(embedded_path)
         logs = _Logs()
         args = _args(tmp_path, packing=packing, per_device_train_batch_size=1 if packing else 4, max_length=512)
-        trainer = KlearSFTTrainer(model=model, args=args, train_dataset=_pc_dataset(), processing_class=tok,
-                                  callbacks=[logs.callback])
+        trainer = KlearSFTTrainer(
+            model=model, args=args, train_dataset=_pc_dataset(), processing_class=tok, callbacks=[logs.callback]
+        )
         if packing:
             assert len(trainer.train_dataset) == 1  # all four examples in one row
         trainer.train()
@@ -136,7 +158,8 @@ def test_cosine_to_floor_function():
     assert cosine_to_floor_lr(110, **kw) == pytest.approx(4e-5, rel=1e-12)
     assert cosine_to_floor_lr(500, **kw) == pytest.approx(4e-5, rel=1e-12)
     assert cosine_to_floor_lr(1, max_lr=1.0, min_lr=0.0, warmup_steps=0, total_steps=4) == pytest.approx(
-        0.5 * (1 + math.cos(math.pi / 4)))
+        0.5 * (1 + math.cos(math.pi / 4))
+    )
     for bad in (dict(min_lr=9e-5), dict(warmup_steps=111), dict(total_steps=0, warmup_steps=0)):
         with pytest.raises(ValueError):
             cosine_to_floor_lr(1, **{**kw, **bad})
@@ -150,8 +173,14 @@ def test_paper_schedule_8e5_at_end_of_warmup_4e5_at_last_step(tiny_model, tmp_pa
 
     config, _ = load_config("sft_klear")
     cfg, _ = resolve_trainer_precision(config["trainer"])
-    cfg.update(output_dir=str(tmp_path / "ckpt"), report_to=[], max_length=256, packing=False,
-               gradient_checkpointing=False, dataset_num_proc=None)  # the schedule does not depend on these
+    cfg.update(
+        output_dir=str(tmp_path / "ckpt"),
+        report_to=[],
+        max_length=256,
+        packing=False,
+        gradient_checkpointing=False,
+        dataset_num_proc=None,
+    )  # the schedule does not depend on these
     args = KlearSFTConfig(**cfg)
     assert (args.learning_rate, args.lr_floor, args.num_train_epochs) == (8e-5, 4e-5, 4)
     model, tok = tiny_model
@@ -169,7 +198,7 @@ def test_paper_schedule_8e5_at_end_of_warmup_4e5_at_last_step(tiny_model, tmp_pa
     assert used[-1] == pytest.approx(4e-5, rel=1e-12)
     assert max(used) == pytest.approx(8e-5, rel=1e-12)
     assert all(a <= b for a, b in zip(used[:warmup], used[1:warmup]))  # warm-up rises
-    assert all(a >= b for a, b in zip(used[warmup - 1:], used[warmup:]))  # then decays to the floor
+    assert all(a >= b for a, b in zip(used[warmup - 1 :], used[warmup:]))  # then decays to the floor
     assert min(used[warmup:]) == pytest.approx(4e-5, rel=1e-12)
 
 
@@ -178,12 +207,17 @@ def test_load_sft_file_layouts_and_errors(tmp_path):
 
     path = tmp_path / "sft.jsonl"
     rows = [
-        {"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "<think>x</think>2"}],
-         "ground_truth": 2},
+        {
+            "messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "<think>x</think>2"}],
+            "ground_truth": 2,
+        },
         {"prompt": "2+2?", "response": "4", "difficulty": "easy"},
-        {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "3+3?"}],
-         "completion": [{"role": "assistant", "content": "6"}], "reward_model": {"ground_truth": "6"},
-         "pass_rate": 0.25},
+        {
+            "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "3+3?"}],
+            "completion": [{"role": "assistant", "content": "6"}],
+            "reward_model": {"ground_truth": "6"},
+            "pass_rate": 0.25,
+        },
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     ds = load_sft_file(path)
@@ -199,8 +233,10 @@ def test_load_sft_file_layouts_and_errors(tmp_path):
     bad_rows = [
         ({"prompt": "q"}, "row 1: field 'response' is missing"),
         ({"messages": [{"role": "user", "content": "q"}]}, "row 1: field 'messages[0].role' is 'user'"),
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 3}]},
-         "row 1: field 'messages[1].content' is int"),
+        (
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 3}]},
+            "row 1: field 'messages[1].content' is int",
+        ),
         ({"prompt": "q", "response": "  "}, "row 1: field 'response' is empty"),
         ({"question": "q"}, "row 1: no 'messages' and no 'prompt'"),
         ({"prompt": "q", "response": "a", "difficulty": "trivial"}, "row 1: field 'difficulty' is 'trivial'"),
@@ -225,11 +261,23 @@ def test_filter_keeps_correct_easy_and_all_hard():
     from klear.sft.data import filter_sft_dataset
 
     def row(resp, gt, difficulty):
-        return {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": resp}],
-                "data_source": "math", "ground_truth": gt, "difficulty": difficulty, "pass_rate": None}
+        return {
+            "prompt": [{"role": "user", "content": "q"}],
+            "completion": [{"role": "assistant", "content": resp}],
+            "data_source": "math",
+            "ground_truth": gt,
+            "difficulty": difficulty,
+            "pass_rate": None,
+        }
 
-    ds = datasets.Dataset.from_list([row("\\boxed{4}", "4", "easy"), row("no box", "4", "easy"),
-                                     row("no box", "5", "hard"), row("\\boxed{5}", "5", "hard")])
+    ds = datasets.Dataset.from_list(
+        [
+            row("\\boxed{4}", "4", "easy"),
+            row("no box", "4", "easy"),
+            row("no box", "5", "hard"),
+            row("\\boxed{5}", "5", "hard"),
+        ]
+    )
     kept, stats = filter_sft_dataset(ds, "by_difficulty")
     assert [r["completion"][0]["content"] for r in kept] == ["\\boxed{4}", "no box", "\\boxed{5}"]
     assert stats["removed_wrong"] == 1 and stats["n_easy"] == 2 and stats["n_hard"] == 2
@@ -262,10 +310,11 @@ def test_greedy_generate_drops_finished_rows_and_matches_model_generate(tiny_mod
         for p in model.parameters():
             p.mul_(8.0)
     prompts = [[{"role": "user", "content": f"Q{i} " + "word " * (i % 5)}] for i in range(9)]
-    enc = tok.apply_chat_template(prompts[0], add_generation_prompt=True, tokenize=True, return_dict=True,
-                                  return_tensors="pt")
+    enc = tok.apply_chat_template(
+        prompts[0], add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
     with torch.no_grad():
-        free = model.generate(**enc, max_new_tokens=12, do_sample=False)[0, enc["input_ids"].shape[1]:].tolist()
+        free = model.generate(**enc, max_new_tokens=12, do_sample=False)[0, enc["input_ids"].shape[1] :].tolist()
     # end-of-sequence: <|im_end|> and the 3rd token prompt 0 generates, so some rows stop early
     model.generation_config.eos_token_id = [tok.eos_token_id, free[2]]
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
@@ -273,9 +322,16 @@ def test_greedy_generate_drops_finished_rows_and_matches_model_generate(tiny_mod
     batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     model.eval()
     with torch.no_grad():  # the reference: transformers' own greedy decoding, one batch
-        out = model.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
-                             temperature=None, top_p=None, top_k=None)
-    ref = tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **batch,
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
+    ref = tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     from klear.eval.heldout import _common_prefix_length
 
     shared = _common_prefix_length(tok(texts, add_special_tokens=False)["input_ids"], limit=10**6)
@@ -306,18 +362,37 @@ def test_tiny_sft_job_runs_resumes_and_reports(tmp_path, embedded_path, capsys):
 
     model_dir = _tiny_checkpoint(tmp_path, embedded_path)
     out = tmp_path / "run"
-    overrides = [f"model={model_dir}", f"output_dir={out}", "data.train_size=24", "data.heldout_size=6",
-                 "eval.max_new_tokens=4", "eval.batch_size=6", "trainer.max_steps=3", "trainer.save_steps=2",
-                 "trainer.per_device_train_batch_size=2", "trainer.max_length=384", "trainer.report_to=[]",
-                 "trainer.warmup_steps=1"]
+    overrides = [
+        f"model={model_dir}",
+        f"output_dir={out}",
+        "data.train_size=24",
+        "data.heldout_size=6",
+        "eval.max_new_tokens=4",
+        "eval.batch_size=6",
+        "trainer.max_steps=3",
+        "trainer.save_steps=2",
+        "trainer.per_device_train_batch_size=2",
+        "trainer.max_length=384",
+        "trainer.report_to=[]",
+        "trainer.warmup_steps=1",
+    ]
     config, _ = load_config("sft_demo", overrides)
     report = run_sft(config)
     assert report["steps"] == 3 and report["train_examples"] == 24
     for key in ("accuracy", "format"):
         assert set(report[key]) >= {"before", "after", "mean_diff", "ci_low", "ci_high", "mcnemar_p"}
-    for name in ("config.yaml", "sft_data.jsonl", "metrics.jsonl", "eval_before.json", "eval_after.json",
-                 "eval.json", "training_curves.png", "final/config.json", "final/tokenizer_config.json",
-                 "checkpoints/checkpoint-2/trainer_state.json"):
+    for name in (
+        "config.yaml",
+        "sft_data.jsonl",
+        "metrics.jsonl",
+        "eval_before.json",
+        "eval_after.json",
+        "eval.json",
+        "training_curves.png",
+        "final/config.json",
+        "final/tokenizer_config.json",
+        "checkpoints/checkpoint-2/trainer_state.json",
+    ):
         assert (out / name).is_file(), name
     first = json.loads((out / "sft_data.jsonl").read_text().splitlines()[0])
     assert first["completion"][0]["content"].startswith("<think>\n")
@@ -338,19 +413,36 @@ def test_tiny_sft_job_runs_resumes_and_reports(tmp_path, embedded_path, capsys):
     config, _ = load_config("sft_demo", overrides + ["trainer.max_steps=4"])
     report = run_sft(config, resume=True)
     assert report["steps"] == 4
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
-             if "loss" in json.loads(line)]
+    steps = [
+        json.loads(line)["step"]
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
     assert steps == [1, 2, 3, 4]
 
     # the SFT -> RL chain: `klear rl` starts from <output_dir>/final with the SFT prompts and the think requirement
     from klear.rl.job import _build_datasets, run_rl
 
-    rl_config, _ = load_config("rl_demo", [
-        f"model={out / 'final'}", f"output_dir={tmp_path / 'rl'}", "data.few_shot=null",
-        "data.data_source=math_longcot_reasoning_gym", "data.train_size=24", "data.heldout_size=6",
-        "eval.max_new_tokens=4", "eval.batch_size=6", "trainer.num_generations=2",
-        "trainer.per_device_train_batch_size=2", "trainer.steps_per_generation=2",
-        "trainer.max_completion_length=8", "trainer.max_steps=1", "trainer.report_to=[]", "trainer.save_steps=10"])
+    rl_config, _ = load_config(
+        "rl_demo",
+        [
+            f"model={out / 'final'}",
+            f"output_dir={tmp_path / 'rl'}",
+            "data.few_shot=null",
+            "data.data_source=math_longcot_reasoning_gym",
+            "data.train_size=24",
+            "data.heldout_size=6",
+            "eval.max_new_tokens=4",
+            "eval.batch_size=6",
+            "trainer.num_generations=2",
+            "trainer.per_device_train_batch_size=2",
+            "trainer.steps_per_generation=2",
+            "trainer.max_completion_length=8",
+            "trainer.max_steps=1",
+            "trainer.report_to=[]",
+            "trainer.save_steps=10",
+        ],
+    )
     rl_train, _ = _build_datasets(rl_config["data"], 0)
     sft_prompts = [json.loads(line)["prompt"] for line in (out / "sft_data.jsonl").read_text().splitlines()]
     assert rl_train["prompt"] == sft_prompts  # RL sees exactly the prompt format SFT trained

@@ -15,8 +15,15 @@ from klear.sft.teacher import (
 )
 
 DEMO_TASKS = {
-    "basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2, operators=["+", "-"],
-                             allow_parentheses=False, allow_negation=False),
+    "basic_arithmetic": dict(
+        min_terms=2,
+        max_terms=2,
+        min_digits=1,
+        max_digits=2,
+        operators=["+", "-"],
+        allow_parentheses=False,
+        allow_negation=False,
+    ),
     "chain_sum": dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2),
     "products": dict(min_digits=1, max_digits=2),
 }
@@ -58,9 +65,26 @@ def test_worked_solution_layout_and_column_steps():
     assert "tens: 0-9-1, borrow 1: 10-9-1=0, write 0" in borrow
 
 
-@pytest.mark.parametrize("expr", ["0 + 0", "9 * 9", "13 - 92", "98 * 93", "23 * 60", "5 * 12", "1000 - 1",
-                                  "5 - 9 + 3", "-4 - -3", "3 * -4 + 2", "99 + 99 + 99 - 300", "7 * 8 * 9",
-                                  "-12 * -12", "12345 * 678", "0 - 0 - 5"])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "0 + 0",
+        "9 * 9",
+        "13 - 92",
+        "98 * 93",
+        "23 * 60",
+        "5 * 12",
+        "1000 - 1",
+        "5 - 9 + 3",
+        "-4 - -3",
+        "3 * -4 + 2",
+        "99 + 99 + 99 - 300",
+        "7 * 8 * 9",
+        "-12 * -12",
+        "12345 * 678",
+        "0 - 0 - 5",
+    ],
+)
 def test_solve_expression_is_exact_and_every_step_true(expr):
     sol = solve_expression(expr)
     assert sol.answer == eval(expr.replace("--", "- -"), {"__builtins__": {}})
@@ -77,7 +101,7 @@ def test_teacher_matches_reasoning_gym_on_demo_tasks(task):
         text = teacher_response(entry, dataset=ds)
         think, _, final = text.partition("</think>")
         assert think.startswith("<think>\n") and final.startswith("\nThe answer is \\boxed{")
-        boxed = final[final.index("{") + 1:final.rindex("}")]
+        boxed = final[final.index("{") + 1 : final.rindex("}")]
         assert boxed == entry["answer"]
         assert ds.score_answer(boxed, entry) == 1.0
         # each line is a true arithmetic statement where it states one

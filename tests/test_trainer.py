@@ -88,8 +88,9 @@ def test_two_steps_filter_zero_advantage_groups(tmp_path, tiny_model):
     # p3: mixed. Generation batch = 4 per device x 4 steps = 16 rollouts = 4 prompts x 4 generations.
     table = {"p0": [1.0], "p1": [-1.0], "p2": [0.7], "p3": [1.0, -1.0, -1.0, 1.0]}
     ds = _dataset(4)
-    trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(table), args=_config(tmp_path),
-                          train_dataset=ds, processing_class=tok)
+    trainer = GPPOTrainer(
+        model=model, reward_funcs=_reward_table(table), args=_config(tmp_path), train_dataset=ds, processing_class=tok
+    )
     trainer.train()
     assert trainer.state.global_step == 2
     batches = trainer._buffered_inputs
@@ -105,7 +106,7 @@ def test_two_steps_filter_zero_advantage_groups(tmp_path, tiny_model):
     assert int((keep & correct).sum()) == 2
     # The token-mean divisor counts only kept tokens.
     for i, b in enumerate(batches):
-        window = batches[(i // 2) * 2:(i // 2) * 2 + 2]  # gradient_accumulation_steps = 2
+        window = batches[(i // 2) * 2 : (i // 2) * 2 + 2]  # gradient_accumulation_steps = 2
         expected = sum(float((w["completion_mask"] * w["klear_keep"].unsqueeze(1)).sum()) for w in window)
         assert b["klear_num_tokens"].item() == expected
     logs = [h for h in trainer.state.log_history if "klear/zero_adv_group_frac" in h]
@@ -119,9 +120,13 @@ def test_correctness_criterion_keeps_soft_groups(tmp_path, tiny_model):
     model, tok = tiny_model
     table = {"p0": [1.0, -1.0], "p1": [0.5, 0.7], "p2": [0.7], "p3": [1.0]}
     for criterion, expected_kept in (("reward", 8), ("correctness", 4)):
-        trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(dict(table)),
-                              args=_config(tmp_path, max_steps=1, zero_adv_criterion=criterion),
-                              train_dataset=_dataset(4), processing_class=tok)
+        trainer = GPPOTrainer(
+            model=model,
+            reward_funcs=_reward_table(dict(table)),
+            args=_config(tmp_path, max_steps=1, zero_adv_criterion=criterion),
+            train_dataset=_dataset(4),
+            processing_class=tok,
+        )
         trainer.train()
         keep = torch.cat([b["klear_keep"] for b in trainer._buffered_inputs])
         assert int(keep.sum()) == expected_kept, criterion
@@ -135,8 +140,13 @@ def test_sft_loss_zero_when_nothing_correct(tmp_path, tiny_model):
     def reward(prompts, completions, **kw):  # soft rewards, never the correct score 1.0
         return [rng.choice(vals) for _ in completions]
 
-    trainer = GPPOTrainer(model=model, reward_funcs=reward, args=_config(tmp_path, alpha=0.5),
-                          train_dataset=_dataset(4), processing_class=tok)
+    trainer = GPPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=_config(tmp_path, alpha=0.5),
+        train_dataset=_dataset(4),
+        processing_class=tok,
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "klear/sft_loss" in h]
     assert len(logs) == 2
@@ -146,21 +156,34 @@ def test_sft_loss_zero_when_nothing_correct(tmp_path, tiny_model):
         assert h["klear/num_loss_tokens"] > 0
 
 
-@pytest.mark.parametrize("loss_mode, loss_agg_mode", [("gppo", "token-mean"), ("ppo_clip", "token-mean"),
-                                                     ("cispo", "token-mean"), ("gppo", "seq-mean-token-mean"),
-                                                     ("cispo", "seq-mean-token-sum")])
+@pytest.mark.parametrize(
+    "loss_mode, loss_agg_mode",
+    [
+        ("gppo", "token-mean"),
+        ("ppo_clip", "token-mean"),
+        ("cispo", "token-mean"),
+        ("gppo", "seq-mean-token-mean"),
+        ("cispo", "seq-mean-token-sum"),
+    ],
+)
 def test_accumulated_gradient_equals_one_batch_gradient(tmp_path, tiny_model, loss_mode, loss_agg_mode):
     """Token-mean (or seq-mean) over an optimizer step split into 2 micro-batches (plus the SFT term) must give the
     same gradient as one loss over the whole step, computed here independently from the stored micro-batches."""
     model, tok = tiny_model
     model = model.double()  # float64: the two computations may differ only by rounding
-    table = {"p0": [1.0, -1.0, -1.0, -1.0], "p1": [1.0, 1.0, -1.0, 1.0], "p2": [0.5, 0.0, 1.0, 0.25],
-             "p3": [1.0]}
+    table = {"p0": [1.0, -1.0, -1.0, -1.0], "p1": [1.0, 1.0, -1.0, 1.0], "p2": [0.5, 0.0, 1.0, 0.25], "p3": [1.0]}
     rec = _GradRecorder()
-    args = _config(tmp_path, max_steps=1, alpha=0.3, loss_mode=loss_mode, loss_agg_mode=loss_agg_mode,
-                   steps_per_generation=2)
-    trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(table), args=args,
-                          train_dataset=_dataset(4), processing_class=tok, callbacks=[rec])
+    args = _config(
+        tmp_path, max_steps=1, alpha=0.3, loss_mode=loss_mode, loss_agg_mode=loss_agg_mode, steps_per_generation=2
+    )
+    trainer = GPPOTrainer(
+        model=model,
+        reward_funcs=_reward_table(table),
+        args=args,
+        train_dataset=_dataset(4),
+        processing_class=tok,
+        callbacks=[rec],
+    )
     # generation batch = 4 x 2 = 8 rollouts = 2 prompts x 4 -> one optimizer window of 2 micro-batches.
     trainer.train()
     assert rec.grads
@@ -179,16 +202,28 @@ def test_accumulated_gradient_equals_one_batch_gradient(tmp_path, tiny_model, lo
     def pad(t):
         return torch.nn.functional.pad(t, (0, width - t.size(1))) if t.dim() == 2 and t.size(1) < width else t
 
-    cat = {k: torch.cat([pad(b[k]) if k.startswith("completion") else b[k] for b in window]) for k in
-           ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "klear_keep",
-            "klear_is_correct")}
+    cat = {
+        k: torch.cat([pad(b[k]) if k.startswith("completion") else b[k] for b in window])
+        for k in (
+            "prompt_ids",
+            "prompt_mask",
+            "completion_ids",
+            "completion_mask",
+            "advantages",
+            "klear_keep",
+            "klear_is_correct",
+        )
+    }
     input_ids = torch.cat([cat["prompt_ids"], cat["completion_ids"]], dim=1)
     attn = torch.cat([cat["prompt_mask"], cat["completion_mask"]], dim=1)
     model.train()
     log_prob, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attn, cat["completion_ids"].size(1))
     mask = cat["completion_mask"].float() * cat["klear_keep"].float().unsqueeze(1)
-    old = torch.cat([pad(b["old_per_token_logps"]) for b in window]) if "old_per_token_logps" in window[0] \
+    old = (
+        torch.cat([pad(b["old_per_token_logps"]) for b in window])
+        if "old_per_token_logps" in window[0]
         else log_prob.detach()
+    )
     pg, _ = policy_loss(log_prob, old, cat["advantages"], mask, loss_mode=loss_mode, loss_agg_mode=loss_agg_mode)
     lm = sft_loss(log_prob, mask, cat["klear_is_correct"])
     (pg + 0.3 * lm).backward()
@@ -223,8 +258,9 @@ def test_first_update_ratio_is_one_off_policy(tmp_path, tiny_model):
     model, tok = tiny_model
     table = {f"p{i}": [1.0, -1.0, 0.0, 1.0] for i in range(4)}
     args = _config(tmp_path, temperature=0.7, max_steps=2, learning_rate=5e-3)
-    trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(table), args=args,
-                          train_dataset=_dataset(4), processing_class=tok)
+    trainer = GPPOTrainer(
+        model=model, reward_funcs=_reward_table(table), args=args, train_dataset=_dataset(4), processing_class=tok
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "klear/ratio_max" in h]
     assert logs[0]["klear/ratio_max"] == pytest.approx(1.0, abs=1e-5)
@@ -283,12 +319,19 @@ def test_drop_filtered_samples_keeps_order_and_trims():
         T = 4
         comp = torch.tensor([[i] * T for i in ids])
         mask = torch.tensor([[1] * n + [0] * (T - n) for n in lens])
-        return {"completion_ids": comp, "completion_mask": mask, "old_per_token_logps": mask.float(),
-                "advantages": torch.tensor(ids, dtype=torch.float), "klear_keep": torch.tensor(keep),
-                "num_items_in_batch": torch.tensor(7), "prompt_ids": torch.ones(len(ids), 3, dtype=torch.long)}
+        return {
+            "completion_ids": comp,
+            "completion_mask": mask,
+            "old_per_token_logps": mask.float(),
+            "advantages": torch.tensor(ids, dtype=torch.float),
+            "klear_keep": torch.tensor(keep),
+            "num_items_in_batch": torch.tensor(7),
+            "prompt_ids": torch.ones(len(ids), 3, dtype=torch.long),
+        }
 
-    out = drop_filtered_samples([mb([0, 1, 2], [4, 1, 2], [False, True, True]),
-                                 mb([3, 4, 5], [3, 2, 1], [True, False, True])])
+    out = drop_filtered_samples(
+        [mb([0, 1, 2], [4, 1, 2], [False, True, True]), mb([3, 4, 5], [3, 2, 1], [True, False, True])]
+    )
     assert [b["advantages"].tolist() for b in out] == [[1.0, 2.0], [3.0, 5.0]]
     assert [b["completion_ids"].size(1) for b in out] == [2, 3]  # trimmed to each micro-batch's longest
     assert [b["old_per_token_logps"].size(1) for b in out] == [2, 3]
@@ -340,19 +383,34 @@ def test_config_rejects_bad_alpha(tmp_path, alpha):
 
 
 def test_config_forwards_every_loss_setting(tmp_path):
-    values = {"loss_mode": "gppo_erc", "clip_ratio_low": 0.1, "clip_ratio_high": 0.4, "clip_ratio_c": 3.0,
-              "beta1": 0.5, "beta2": 0.7, "erc_low": 0.1, "erc_high": 0.2, "loss_agg_mode": "seq-mean-token-sum",
-              "alpha": 0.2}
+    values = {
+        "loss_mode": "gppo_erc",
+        "clip_ratio_low": 0.1,
+        "clip_ratio_high": 0.4,
+        "clip_ratio_c": 3.0,
+        "beta1": 0.5,
+        "beta2": 0.7,
+        "erc_low": 0.1,
+        "erc_high": 0.2,
+        "loss_agg_mode": "seq-mean-token-sum",
+        "alpha": 0.2,
+    }
     assert set(values) == {f.name for f in dataclasses.fields(LossSettings)}  # a new setting: add it here
     assert set(values) <= {f.name for f in dataclasses.fields(GPPOConfig)}
     assert _config(tmp_path, **values).loss_settings() == LossSettings(**values)
     cfg = _config(tmp_path)  # the paper's values are GPPOConfig's defaults
-    assert cfg.loss_settings() == LossSettings(loss_mode="gppo", clip_ratio_low=0.2, clip_ratio_high=0.28,
-                                               clip_ratio_c=10.0, alpha=0.1)
+    assert cfg.loss_settings() == LossSettings(
+        loss_mode="gppo", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, alpha=0.1
+    )
 
 
-@pytest.mark.parametrize("bad, message", [("clip_ratio_low: 1.0", "clip_ratio_low must be < 1.0, got 1.0"),
-                                          ("{loss_mode: ppo_clip, beta1: 0.5}", "beta1 is only used by loss_mode")])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("clip_ratio_low: 1.0", "clip_ratio_low must be < 1.0, got 1.0"),
+        ("{loss_mode: ppo_clip, beta1: 0.5}", "beta1 is only used by loss_mode"),
+    ],
+)
 def test_klear_rl_refuses_a_bad_loss_setting_before_any_model_loads(tmp_path, monkeypatch, capsys, bad, message):
     import transformers
 
@@ -365,12 +423,23 @@ def test_klear_rl_refuses_a_bad_loss_setting_before_any_model_loads(tmp_path, mo
         monkeypatch.setattr(cls, "from_pretrained", no_model)
     (tmp_path / "model").mkdir()
     train = tmp_path / "train.jsonl"
-    train.write_text('{"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "math_test", '
-                     '"reward_model": {"ground_truth": "2"}}\n')
-    trainer = {"num_generations": 2, "per_device_train_batch_size": 2, "max_steps": 1, "report_to": [],
-               "save_strategy": "no"}
-    recipe = {"model": str(tmp_path / "model"), "output_dir": str(tmp_path / "run"),
-              "data": {"train": str(train), "heldout": "none"}, "trainer": trainer}
+    train.write_text(
+        '{"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "math_test", '
+        '"reward_model": {"ground_truth": "2"}}\n'
+    )
+    trainer = {
+        "num_generations": 2,
+        "per_device_train_batch_size": 2,
+        "max_steps": 1,
+        "report_to": [],
+        "save_strategy": "no",
+    }
+    recipe = {
+        "model": str(tmp_path / "model"),
+        "output_dir": str(tmp_path / "run"),
+        "data": {"train": str(train), "heldout": "none"},
+        "trainer": trainer,
+    }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     overrides = [f"trainer.{k}={v}" for k, v in yaml.safe_load("{" + bad.strip("{}") + "}").items()]
@@ -385,8 +454,7 @@ def test_klear_rl_refuses_a_bad_loss_setting_before_any_model_loads(tmp_path, mo
 
 # ------------------------------------------------------------------ entropy slots of the loss registry
 @pytest.mark.parametrize("steps_per_generation", [4, 2], ids=["off_policy", "on_policy"])
-def test_a_mode_that_needs_entropies_gets_current_and_old_ones(tmp_path, tiny_model, monkeypatch,
-                                                               steps_per_generation):
+def test_a_mode_that_needs_entropies_gets_current_and_old_ones(tmp_path, tiny_model, monkeypatch, steps_per_generation):
     """A loss mode registered with needs_entropies / needs_old_entropies receives (B, T) entropies of the current
     and of the rollout policy; on the first step after a rollout both policies are the same model."""
     model, tok = tiny_model
@@ -396,13 +464,16 @@ def test_a_mode_that_needs_entropies_gets_current_and_old_ones(tmp_path, tiny_mo
         seen.append((t.mask, t.entropies, t.old_entropies))
         return LOSS_REGISTRY["ppo_clip"].token_loss(t, s)
 
-    monkeypatch.setitem(LOSS_REGISTRY, "probe", LossMode("probe", probe, needs_entropies=True,
-                                                         needs_old_entropies=True))
+    monkeypatch.setitem(
+        LOSS_REGISTRY, "probe", LossMode("probe", probe, needs_entropies=True, needs_old_entropies=True)
+    )
     table = {f"p{i}": [1.0, -1.0, 0.0, 1.0] for i in range(4)}
-    args = _config(tmp_path, loss_mode="probe", max_steps=2, learning_rate=5e-3,
-                   steps_per_generation=steps_per_generation)
-    trainer = GPPOTrainer(model=model, reward_funcs=_reward_table(table), args=args, train_dataset=_dataset(4),
-                          processing_class=tok)
+    args = _config(
+        tmp_path, loss_mode="probe", max_steps=2, learning_rate=5e-3, steps_per_generation=steps_per_generation
+    )
+    trainer = GPPOTrainer(
+        model=model, reward_funcs=_reward_table(table), args=args, train_dataset=_dataset(4), processing_class=tok
+    )
     trainer.train()
     assert len(seen) == 4  # 2 optimizer steps x 2 micro-batches
     for i, (mask, ent, old_ent) in enumerate(seen):
@@ -429,8 +500,14 @@ def test_gppo_erc_runs_with_the_rollout_passs_old_entropies(tmp_path, tiny_model
     for mode, m in (("gppo_erc", model), ("gppo", twin)):
         rec = _GradRecorder()
         args = _config(tmp_path / mode, loss_mode=mode, max_steps=2, learning_rate=5e-3)
-        trainer = GPPOTrainer(model=m, reward_funcs=_reward_table(dict(table)), args=args,
-                              train_dataset=_dataset(4), processing_class=tok, callbacks=[rec])
+        trainer = GPPOTrainer(
+            model=m,
+            reward_funcs=_reward_table(dict(table)),
+            args=args,
+            train_dataset=_dataset(4),
+            processing_class=tok,
+            callbacks=[rec],
+        )
         trainer.train()
         runs[mode] = (trainer, rec)
     trainer, rec = runs["gppo_erc"]
@@ -442,8 +519,14 @@ def test_gppo_erc_runs_with_the_rollout_passs_old_entropies(tmp_path, tiny_model
     assert first["klear/entropy_ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert first["klear/entropy_ratio_min"] == pytest.approx(1.0, abs=1e-5)
     assert abs(second["klear/entropy_ratio_max"] - 1.0) > 1e-6 or abs(second["klear/entropy_ratio_min"] - 1.0) > 1e-6
-    for key in ("klear/erc_frac_high", "klear/erc_frac_low", "klear/entropy_ratio_mean", "klear/entropy_mean",
-                "klear/entropy_share_clip_high", "klear/entropy_share_clip_low"):
+    for key in (
+        "klear/erc_frac_high",
+        "klear/erc_frac_low",
+        "klear/entropy_ratio_mean",
+        "klear/entropy_mean",
+        "klear/entropy_share_clip_high",
+        "klear/entropy_share_clip_low",
+    ):
         assert key in first and math.isfinite(first[key]), key
     gppo_trainer, gppo_rec = runs["gppo"]
     assert "klear/erc_frac" not in gppo_trainer.state.log_history[0]
@@ -468,7 +551,11 @@ def test_shipped_cegppo_and_erc_recipes_are_valid(name, loss_mode, beta1):
     settings = LossSettings(**{f.name: t[f.name] for f in dataclasses.fields(LossSettings) if f.name in t})
     assert (settings.loss_mode, settings.beta1, settings.beta2) == (loss_mode, beta1, 1.0)
     assert (settings.clip_ratio_low, settings.clip_ratio_high, settings.clip_ratio_c, settings.alpha) == (
-        0.2, 0.2, 10.0, 0.1)
+        0.2,
+        0.2,
+        10.0,
+        0.1,
+    )
     assert (settings.erc_low, settings.erc_high) == (0.05, 0.05)
     klear, _ = load_config("rl_math_klear")
     loss_keys = {f.name for f in dataclasses.fields(LossSettings)}

@@ -68,12 +68,24 @@ def value_table(r: float, a: float, case: str) -> float:
 def actor_config(loss_mode: str, **policy) -> ActorConfig:
     """verl's ActorConfig built from a DictConfig whose policy_loss selects GPPOLossConfig by _target_."""
     beta = {"beta1": B1, "beta2": B2} if loss_mode == "gppo" else {"beta2": B2} if loss_mode == "gppo_only_high" else {}
-    cfg = OmegaConf.create({
-        "_target_": "verl.workers.config.FSDPActorConfig", "strategy": "fsdp", "rollout_n": 2,
-        "ppo_micro_batch_size_per_gpu": 2, "clip_ratio_low": 1 - LO, "clip_ratio_high": HI - 1, "clip_ratio_c": C,
-        "use_torch_compile": False,
-        "policy_loss": {"_target_": "klear.integrations.verl.GPPOLossConfig", "loss_mode": loss_mode, **beta, **policy},
-    })
+    cfg = OmegaConf.create(
+        {
+            "_target_": "verl.workers.config.FSDPActorConfig",
+            "strategy": "fsdp",
+            "rollout_n": 2,
+            "ppo_micro_batch_size_per_gpu": 2,
+            "clip_ratio_low": 1 - LO,
+            "clip_ratio_high": HI - 1,
+            "clip_ratio_c": C,
+            "use_torch_compile": False,
+            "policy_loss": {
+                "_target_": "klear.integrations.verl.GPPOLossConfig",
+                "loss_mode": loss_mode,
+                **beta,
+                **policy,
+            },
+        }
+    )
     return omega_conf_to_dataclass(cfg)
 
 
@@ -96,8 +108,15 @@ def test_registered_loss_matches_hand_table_and_klear(mode, dp_size, batch_num_t
         config.global_batch_info.update(dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=8)
     old, log_prob, adv, mask = case_batch()
     fn = get_policy_loss_fn(mode)
-    loss, metrics = fn(old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask,
-                       loss_agg_mode="token-mean", config=config, rollout_is_weights=None)
+    loss, metrics = fn(
+        old_log_prob=old,
+        log_prob=log_prob,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode="token-mean",
+        config=config,
+        rollout_is_weights=None,
+    )
     loss.backward()
     divisor = len(CASES) if dp_size is None else batch_num_tokens / dp_size
     want = sum(value_table(r, a, c) for c, r, a in CASES) / divisor
@@ -106,9 +125,19 @@ def test_registered_loss_matches_hand_table_and_klear(mode, dp_size, batch_num_t
     torch.testing.assert_close(log_prob.grad, torch.tensor([want_grad], dtype=torch.float64), rtol=1e-12, atol=1e-15)
     # and the same as klear's loss called directly (one copy of the math)
     lp2 = log_prob.detach().clone().requires_grad_(True)
-    ref, _ = policy_loss(lp2, old, adv, mask, loss_mode=mode, clip_ratio_low=1 - LO, clip_ratio_high=HI - 1,
-                         clip_ratio_c=C, beta1=B1 if mode == "gppo" else 1.0, beta2=B2,
-                         num_tokens=None if dp_size is None else divisor)
+    ref, _ = policy_loss(
+        lp2,
+        old,
+        adv,
+        mask,
+        loss_mode=mode,
+        clip_ratio_low=1 - LO,
+        clip_ratio_high=HI - 1,
+        clip_ratio_c=C,
+        beta1=B1 if mode == "gppo" else 1.0,
+        beta2=B2,
+        num_tokens=None if dp_size is None else divisor,
+    )
     ref.backward()
     assert loss.item() == ref.item()
     assert torch.equal(log_prob.grad, lp2.grad)
@@ -121,8 +150,9 @@ def test_gppo_value_equals_verl_vanilla_and_verl_cispo_is_klear_cispo():
     old, log_prob, adv, mask = case_batch()
     adv0 = torch.where(mask, adv, 0.0)  # verl's own losses are not NaN-safe at masked positions
     lp0 = torch.where(mask, log_prob.detach(), old)
-    kw = dict(old_log_prob=old, advantages=adv0, response_mask=mask, loss_agg_mode="token-mean",
-              rollout_is_weights=None)
+    kw = dict(
+        old_log_prob=old, advantages=adv0, response_mask=mask, loss_agg_mode="token-mean", rollout_is_weights=None
+    )
     gppo, _ = get_policy_loss_fn("gppo")(log_prob=lp0, config=actor_config("gppo"), **kw)
     vanilla, _ = get_policy_loss_fn("vanilla")(log_prob=lp0, config=actor_config("vanilla"), **kw)
     assert gppo.item() == pytest.approx(vanilla.item(), rel=1e-12)
@@ -131,8 +161,9 @@ def test_gppo_value_equals_verl_vanilla_and_verl_cispo_is_klear_cispo():
     verl_cispo, _ = get_policy_loss_fn("cispo")(log_prob=lp1, config=actor_config("cispo"), **kw)
     verl_cispo.backward()
     lp2 = lp0.clone().requires_grad_(True)
-    klear_cispo, _ = policy_loss(lp2, old, adv0, mask, loss_mode="cispo", clip_ratio_low=1 - LO,
-                                 clip_ratio_high=HI - 1, clip_ratio_c=None)
+    klear_cispo, _ = policy_loss(
+        lp2, old, adv0, mask, loss_mode="cispo", clip_ratio_low=1 - LO, clip_ratio_high=HI - 1, clip_ratio_c=None
+    )
     klear_cispo.backward()
     assert verl_cispo.item() == pytest.approx(klear_cispo.item(), rel=1e-12)
     torch.testing.assert_close(lp1.grad, lp2.grad, rtol=1e-12, atol=1e-15)
@@ -145,12 +176,24 @@ def test_seq_mean_uses_verl_global_batch_size():
     lp = torch.full((2, 3), 0.05, dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([[1.0] * 3, [-1.0] * 3], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    loss, _ = get_policy_loss_fn("gppo")(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
-                                         loss_agg_mode="seq-mean-token-mean", config=config)
+    loss, _ = get_policy_loss_fn("gppo")(
+        old_log_prob=old,
+        log_prob=lp,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode="seq-mean-token-mean",
+        config=config,
+    )
     r = math.exp(0.05)
     assert loss.item() == pytest.approx((-r + r) / (6 / 2), abs=1e-15)
-    loss2, _ = get_policy_loss_fn("gppo")(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
-                                          loss_agg_mode="seq-mean-token-sum", config=config)
+    loss2, _ = get_policy_loss_fn("gppo")(
+        old_log_prob=old,
+        log_prob=lp,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode="seq-mean-token-sum",
+        config=config,
+    )
     assert loss2.item() == pytest.approx((-2 * r + 3 * r) / 3, rel=1e-12)
 
 
@@ -164,19 +207,33 @@ def test_bad_settings_fail_with_the_field_named():
         actor_config("gppo", sft_alpha=-0.1)
     old, lp, adv, mask = case_batch()
     with pytest.raises(ValueError, match="loss_agg_mode"):
-        get_policy_loss_fn("gppo")(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
-                                   loss_agg_mode="token-sum", config=actor_config("gppo"))
+        get_policy_loss_fn("gppo")(
+            old_log_prob=old,
+            log_prob=lp,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode="token-sum",
+            config=actor_config("gppo"),
+        )
     with pytest.raises(ValueError, match="rollout correction"):
-        get_policy_loss_fn("gppo")(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
-                                   config=actor_config("gppo"), rollout_is_weights=torch.ones_like(old))
+        get_policy_loss_fn("gppo")(
+            old_log_prob=old,
+            log_prob=lp,
+            advantages=adv,
+            response_mask=mask,
+            config=actor_config("gppo"),
+            rollout_is_weights=torch.ones_like(old),
+        )
 
 
 def test_plugin_is_loaded_by_import_verl_and_check_passes():
     import subprocess
     import sys
 
-    code = ("import verl; from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R; "
-            "import sys; sys.exit(0 if R['gppo'].__module__ == 'klear.integrations.verl.losses' else 3)")
+    code = (
+        "import verl; from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R; "
+        "import sys; sys.exit(0 if R['gppo'].__module__ == 'klear.integrations.verl.losses' else 3)"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
     kv.check_plugin()
 
@@ -195,8 +252,12 @@ def test_sft_term_mini_batch_norm_sums_to_the_whole_token_mean():
     ranks = []
     for rows in (range(0, 4), range(4, 8)):
         rows = list(rows)
-        ranks.append(sum(sft_term(lp[m], mask[m], correct[m], "mini_batch", num_sft_tokens=n_c.item(), dp_size=2)
-                         for m in (rows[:2], rows[2:])))
+        ranks.append(
+            sum(
+                sft_term(lp[m], mask[m], correct[m], "mini_batch", num_sft_tokens=n_c.item(), dp_size=2)
+                for m in (rows[:2], rows[2:])
+            )
+        )
     total = (ranks[0] + ranks[1]) / 2
     sel = (mask.bool() & correct.bool()[:, None]).double()
     want = -(lp.detach() * sel).sum() / sel.sum()
@@ -216,18 +277,30 @@ def _micro_batch(model, tok, correct):
     seqs = [torch.tensor(p + r) for p, r in zip(prompts, responses)]
     max_resp = max(len(r) for r in responses)
     response_mask = torch.tensor([[1] * len(r) + [0] * (max_resp - len(r)) for r in responses])
-    old = torch.stack([torch.nn.functional.pad(torch.full((len(r),), -2.0, dtype=torch.float64),
-                                               (0, max_resp - len(r))) for r in responses])
-    data = TensorDict({
-        "prompts": torch.nested.as_nested_tensor([torch.tensor(p) for p in prompts], layout=torch.jagged),
-        "responses": torch.nested.as_nested_tensor([torch.tensor(r) for r in responses], layout=torch.jagged),
-        "response_mask": response_mask, "old_log_probs": old,
-        "advantages": torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)[:, None].expand(3, max_resp).clone(),
-        IS_CORRECT_KEY: torch.tensor(correct, dtype=torch.float64),
-    }, batch_size=[3])
-    for k, v in {"dp_size": 1, "batch_num_tokens": int(response_mask.sum()), "global_batch_size": 3,
-                 "max_response_len": max_resp, NUM_SFT_TOKENS_KEY: float(sft_token_count(response_mask,
-                                                                                          data[IS_CORRECT_KEY]))}.items():
+    old = torch.stack(
+        [
+            torch.nn.functional.pad(torch.full((len(r),), -2.0, dtype=torch.float64), (0, max_resp - len(r)))
+            for r in responses
+        ]
+    )
+    data = TensorDict(
+        {
+            "prompts": torch.nested.as_nested_tensor([torch.tensor(p) for p in prompts], layout=torch.jagged),
+            "responses": torch.nested.as_nested_tensor([torch.tensor(r) for r in responses], layout=torch.jagged),
+            "response_mask": response_mask,
+            "old_log_probs": old,
+            "advantages": torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)[:, None].expand(3, max_resp).clone(),
+            IS_CORRECT_KEY: torch.tensor(correct, dtype=torch.float64),
+        },
+        batch_size=[3],
+    )
+    for k, v in {
+        "dp_size": 1,
+        "batch_num_tokens": int(response_mask.sum()),
+        "global_batch_size": 3,
+        "max_response_len": max_resp,
+        NUM_SFT_TOKENS_KEY: float(sft_token_count(response_mask, data[IS_CORRECT_KEY])),
+    }.items():
         data.set_non_tensor(k, v)
     # the engine's no-padding output: per row, log p of token t+1 at position t (last position unused)
     values = []
@@ -300,8 +373,17 @@ def test_rewards_through_verl_naive_reward_manager(embedded_path):
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
     tok = AutoTokenizer.from_pretrained(embedded_path)
-    cfg = OmegaConf.create({"reward": {"custom_reward_function": {
-        "path": "pkg://klear.integrations.verl.rewards", "name": "compute_score", "reward_kwargs": {}}}})
+    cfg = OmegaConf.create(
+        {
+            "reward": {
+                "custom_reward_function": {
+                    "path": "pkg://klear.integrations.verl.rewards",
+                    "name": "compute_score",
+                    "reward_kwargs": {},
+                }
+            }
+        }
+    )
     manager = NaiveRewardManager(cfg, tok, get_custom_reward_fn(cfg))
     code_gt = {"format": "stdio", "inputs": ["1", "2", "3", "4"], "outputs": ["2", "4", "6", "8"]}
     rows = [
@@ -316,13 +398,19 @@ def test_rewards_through_verl_naive_reward_manager(embedded_path):
         for ds, text, gt, _, _ in rows:
             resp = tok(text).input_ids
             prompt = tok("Q:").input_ids
-            batch = TensorDict({
-                "prompts": torch.tensor([prompt]), "responses": torch.tensor([resp]),
-                "attention_mask": torch.ones(1, len(prompt) + len(resp), dtype=torch.long),
-            }, batch_size=[1])
-            nt = {"data_source": np.array([ds], dtype=object),
-                  "reward_model": np.array([{"ground_truth": gt}], dtype=object),
-                  "extra_info": np.array([{}], dtype=object)}
+            batch = TensorDict(
+                {
+                    "prompts": torch.tensor([prompt]),
+                    "responses": torch.tensor([resp]),
+                    "attention_mask": torch.ones(1, len(prompt) + len(resp), dtype=torch.long),
+                },
+                batch_size=[1],
+            )
+            nt = {
+                "data_source": np.array([ds], dtype=object),
+                "reward_model": np.array([{"ground_truth": gt}], dtype=object),
+                "extra_info": np.array([{}], dtype=object),
+            }
             outs.append(await manager.run_single(DataProto(batch=batch, non_tensor_batch=nt)))
         return outs
 
@@ -347,17 +435,25 @@ def test_recipe_overrides_compose_with_verl_config():
     script = (Path(__file__).resolve().parents[1] / "configs" / "verl" / "klear_rl.sh").read_text()
     body = script.split("exec python -m verl.trainer.main_ppo \\\n")[1]
     env = {"TRAIN": "t.parquet", "VAL": "v.parquet", "MODEL": "m", "LR": "1e-6", "MINI_BATCH": "16", "STAGE": "math"}
-    overrides = [re.sub(r"\$\{?(\w+)(:-(\w+))?\}?", lambda m: env.get(m.group(1), m.group(3) or ""), a)
-                 for a in shlex.split(body.replace("\\\n", " ")) if a != "$@"]
-    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
-                               version_base=None):
+    overrides = [
+        re.sub(r"\$\{?(\w+)(:-(\w+))?\}?", lambda m: env.get(m.group(1), m.group(3) or ""), a)
+        for a in shlex.split(body.replace("\\\n", " "))
+        if a != "$@"
+    ]
+    with initialize_config_dir(
+        config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"), version_base=None
+    ):
         cfg = compose("ppo_trainer", overrides=overrides)
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert isinstance(actor.policy_loss, GPPOLossConfig)
     assert (actor.policy_loss.loss_mode, actor.policy_loss.sft_alpha) == ("gppo", 0.1)
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (0.2, 0.28, 10.0)
-    assert (actor.optim.lr, actor.ppo_mini_batch_size, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) \
-        == (1e-6, 16, 128, 8)
+    assert (actor.optim.lr, actor.ppo_mini_batch_size, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == (
+        1e-6,
+        16,
+        128,
+        8,
+    )
     assert cfg.trainer.v1.trainer_mode == "klear_sync" and not actor.use_kl_loss
 
 

@@ -17,8 +17,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Precision", "resolve_precision", "resolve_trainer_precision", "torch_dtype", "DTYPE_CHOICES",
-           "set_cpu_runtime_defaults"]
+__all__ = [
+    "Precision",
+    "resolve_precision",
+    "resolve_trainer_precision",
+    "torch_dtype",
+    "DTYPE_CHOICES",
+    "set_cpu_runtime_defaults",
+]
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -96,8 +102,10 @@ def resolve_precision(bf16: Any = "auto", *, fp16: Any = False, where: str = "tr
         return Precision(device, "float16", requested="fp16")
     if bf16 is True and not gpu_bf16:
         why = "none is visible" if not gpu else "this GPU does not support bf16"
-        raise ValueError(f"{where}.bf16=true needs a CUDA GPU with bf16; {why} (use bf16: auto, which means float32 "
-                         "here: CPU bf16 autocast is slow and breaks the on-policy ratio)")
+        raise ValueError(
+            f"{where}.bf16=true needs a CUDA GPU with bf16; {why} (use bf16: auto, which means float32 "
+            "here: CPU bf16 autocast is slow and breaks the on-policy ratio)"
+        )
     use_bf16 = gpu_bf16 if bf16 == "auto" else bf16
     return Precision(device, "bfloat16" if use_bf16 else "float32", requested=bf16)
 
@@ -146,8 +154,10 @@ def torch_dtype(dtype: str = "auto", *, device: str | None = None):
         gpu, gpu_bf16 = _cuda()
         if on_cpu or not (gpu_bf16 if dtype == "bfloat16" else gpu):
             where = f"device {device!r}" if on_cpu else "none is visible" if not gpu else "this GPU has no bf16"
-            raise ValueError(f"--dtype {dtype} needs a CUDA GPU{' with bf16' if dtype == 'bfloat16' else ''}; "
-                             f"{where} (--dtype auto means float32 here)")
+            raise ValueError(
+                f"--dtype {dtype} needs a CUDA GPU{' with bf16' if dtype == 'bfloat16' else ''}; "
+                f"{where} (--dtype auto means float32 here)"
+            )
         name = dtype
     else:
         name = "float32"

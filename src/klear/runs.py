@@ -39,10 +39,29 @@ import yaml
 
 from klear.precision import Precision
 
-__all__ = ["AUTO_FIELDS", "EVAL_KEYS", "RunDir", "RunSetup", "check_checkpoint_model", "check_eval_section",
-           "check_int", "check_prompt_context", "check_section_keys", "check_trainer_section", "eval_settings",
-           "finish_run", "format_paired", "heldout_eval", "is_main_process", "prepare_run", "resolve_resume",
-           "run_command", "add_run_arguments", "silence_checkpointing_deprecations", "start_run"]
+__all__ = [
+    "AUTO_FIELDS",
+    "EVAL_KEYS",
+    "RunDir",
+    "RunSetup",
+    "check_checkpoint_model",
+    "check_eval_section",
+    "check_int",
+    "check_prompt_context",
+    "check_section_keys",
+    "check_trainer_section",
+    "eval_settings",
+    "finish_run",
+    "format_paired",
+    "heldout_eval",
+    "is_main_process",
+    "prepare_run",
+    "resolve_resume",
+    "run_command",
+    "add_run_arguments",
+    "silence_checkpointing_deprecations",
+    "start_run",
+]
 
 #: Keys of a recipe's ``eval`` section (held-out evaluation before/after training; ``every_steps``: also every
 #: K optimizer steps, ``klear rl`` only, see :mod:`klear.rl.periodic_eval`).
@@ -67,8 +86,9 @@ def check_int(source: str, where: str, value: Any, minimum: int, *, allow_none: 
     if allow_none and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{source}: {where}={value!r} must be an integer >= {minimum}"
-                         + (" (or null)" if allow_none else ""))
+        raise ValueError(
+            f"{source}: {where}={value!r} must be an integer >= {minimum}" + (" (or null)" if allow_none else "")
+        )
 
 
 def check_trainer_section(trainer: Any, config_cls: type, source: str) -> None:
@@ -85,10 +105,11 @@ def check_trainer_section(trainer: Any, config_cls: type, source: str) -> None:
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(trainer) - set(fields))
     if unknown:
-        hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, fields, n=1)) else repr(k)
-                 for k in unknown]
-        raise ValueError(f"{source}: unknown key(s) {', '.join(hints)} in 'trainer' (not {config_cls.__name__} "
-                         "fields)")
+        hints = [
+            f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, fields, n=1)) else repr(k)
+            for k in unknown
+        ]
+        raise ValueError(f"{source}: unknown key(s) {', '.join(hints)} in 'trainer' (not {config_cls.__name__} fields)")
     for key, value in trainer.items():
         if key in AUTO_FIELDS:
             if value is not None and value != "auto" and not isinstance(value, bool):
@@ -131,8 +152,10 @@ def is_main_process() -> bool:
 # transformers 5 renamed gradient checkpointing to activation checkpointing; TRL 1.16 still sets
 # ``gradient_checkpointing`` in its configs (default True) and calls ``is_gradient_checkpointing`` /
 # ``gradient_checkpointing_disable`` / ``_enable`` around every rollout, so each run printed these.
-_CHECKPOINTING_DEPRECATION = (r"`(is_)?gradient_checkpointing(_kwargs|_enable|_disable)?` is deprecated and will be "
-                              r"removed in v6\. Use `(is_)?activation_checkpointing")
+_CHECKPOINTING_DEPRECATION = (
+    r"`(is_)?gradient_checkpointing(_kwargs|_enable|_disable)?` is deprecated and will be "
+    r"removed in v6\. Use `(is_)?activation_checkpointing"
+)
 
 
 def silence_checkpointing_deprecations() -> None:
@@ -141,8 +164,16 @@ def silence_checkpointing_deprecations() -> None:
     warnings.filterwarnings("ignore", message=_CHECKPOINTING_DEPRECATION, category=FutureWarning)
 
 
-def check_prompt_context(tokenizer, dataset, *, budget: int, budget_name: str, context: int, where: str,
-                         chat_template_kwargs: dict | None = None) -> int:
+def check_prompt_context(
+    tokenizer,
+    dataset,
+    *,
+    budget: int,
+    budget_name: str,
+    context: int,
+    where: str,
+    chat_template_kwargs: dict | None = None,
+) -> int:
     """Check that the longest prompt of ``dataset`` plus ``budget`` new tokens fits the model's ``context``.
 
     Prompts (the ``prompt`` column: message lists, or strings = one user message) are rendered with
@@ -158,9 +189,15 @@ def check_prompt_context(tokenizer, dataset, *, budget: int, budget_name: str, c
     prompts = dataset["prompt"]
     if not prompts:
         return 0
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str) else list(p),
-                                           tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {}))
-             for p in prompts]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}] if isinstance(p, str) else list(p),
+            tokenize=False,
+            add_generation_prompt=True,
+            **(chat_template_kwargs or {}),
+        )
+        for p in prompts
+    ]
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     row = max(range(len(lengths)), key=lambda i: lengths[i])
     needed = lengths[row] + int(budget)
@@ -170,14 +207,24 @@ def check_prompt_context(tokenizer, dataset, *, budget: int, budget_name: str, c
         raise ValueError(
             f"{where}: {name}: the longest prompt ({lengths[row]} tokens) plus {budget_name} {budget} = {needed} "
             f"exceeds the model's context of {context} tokens (max_position_embeddings): shorten or drop the "
-            f"prompt, or lower {budget_name}")
+            f"prompt, or lower {budget_name}"
+        )
     return lengths[row]
 
 
 # config.json fields that decide whether a checkpoint's weights and optimizer state fit a model
-_MODEL_SHAPE_FIELDS = ("model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size",
-                       "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                       "tie_word_embeddings")
+_MODEL_SHAPE_FIELDS = (
+    "model_type",
+    "architectures",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
 
 
 def check_checkpoint_model(checkpoint: str | Path, model_config, model: str, *, flag: str = "--resume-from") -> None:
@@ -197,12 +244,17 @@ def check_checkpoint_model(checkpoint: str | Path, model_config, model: str, *, 
     except (OSError, ValueError) as e:
         raise ValueError(f"{flag} {checkpoint}: cannot read {path.name} ({e})") from None
     mine = model_config.to_dict()
-    diff = [f"{k} {saved.get(k)!r} vs {mine.get(k)!r}" for k in _MODEL_SHAPE_FIELDS
-            if k in saved and k in mine and saved[k] != mine[k]]
+    diff = [
+        f"{k} {saved.get(k)!r} vs {mine.get(k)!r}"
+        for k in _MODEL_SHAPE_FIELDS
+        if k in saved and k in mine and saved[k] != mine[k]
+    ]
     if diff:
-        raise ValueError(f"{flag} {checkpoint}: a checkpoint of another model than model={model} "
-                         f"({'; '.join(diff)}; checkpoint config.json vs model): resume with the model the "
-                         "checkpoint was trained from, or start a new run")
+        raise ValueError(
+            f"{flag} {checkpoint}: a checkpoint of another model than model={model} "
+            f"({'; '.join(diff)}; checkpoint config.json vs model): resume with the model the "
+            "checkpoint was trained from, or start a new run"
+        )
 
 
 @dataclasses.dataclass
@@ -241,8 +293,15 @@ class RunDir:
             raise
 
 
-def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, Any], precision: Precision,
-              *, stage: str, resumed: bool = False) -> RunDir:
+def start_run(
+    output_dir: Path,
+    config: dict[str, Any],
+    trainer_cfg: dict[str, Any],
+    precision: Precision,
+    *,
+    stage: str,
+    resumed: bool = False,
+) -> RunDir:
     """Create the run directory, write ``config.yaml`` and ``run.json`` (module docstring) and print the precision.
 
     Only the main process does this (:func:`is_main_process`); the others get a :class:`RunDir`
@@ -273,11 +332,20 @@ def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, A
         return RunDir(out)
     created = [] if resumed else [d for d in (out.absolute(), *out.absolute().parents) if not d.exists()]
     run_dir = RunDir(out, tuple(created))
-    resolved = {**config, "trainer": {k: v for k, v in trainer_cfg.items() if k in config["trainer"] or k in (
-        "bf16", "fp16", "use_cpu", "gradient_checkpointing")}}
-    run = {"stage": stage, "precision": precision.as_dict(),
-           "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
-           "started": time.time()}
+    resolved = {
+        **config,
+        "trainer": {
+            k: v
+            for k, v in trainer_cfg.items()
+            if k in config["trainer"] or k in ("bf16", "fp16", "use_cpu", "gradient_checkpointing")
+        },
+    }
+    run = {
+        "stage": stage,
+        "precision": precision.as_dict(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+        "started": time.time(),
+    }
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
@@ -289,8 +357,9 @@ def start_run(output_dir: Path, config: dict[str, Any], trainer_cfg: dict[str, A
     return run_dir
 
 
-def heldout_eval(model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: Path, reuse: bool,
-                 annotate=None) -> dict[str, Any]:
+def heldout_eval(
+    model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: Path, reuse: bool, annotate=None
+) -> dict[str, Any]:
     """Held-out evaluation (:func:`klear.eval.heldout.evaluate`: greedy, or ``eval_cfg["n_samples"]`` samples at
     ``eval_cfg["temperature"]`` with sampling seed ``eval_cfg["seed"]``) saved to ``path`` (reused on resume).
 
@@ -317,9 +386,16 @@ def heldout_eval(model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: P
         if reuse and path.is_file():
             result = json.loads(path.read_text())
         else:
-            result = evaluate(model, tokenizer, heldout, max_new_tokens=int(eval_cfg["max_new_tokens"]),
-                              batch_size=int(eval_cfg["batch_size"]), n_samples=int(eval_cfg.get("n_samples", 1)),
-                              temperature=float(eval_cfg.get("temperature", 0.0)), seed=int(eval_cfg.get("seed", 0)))
+            result = evaluate(
+                model,
+                tokenizer,
+                heldout,
+                max_new_tokens=int(eval_cfg["max_new_tokens"]),
+                batch_size=int(eval_cfg["batch_size"]),
+                n_samples=int(eval_cfg.get("n_samples", 1)),
+                temperature=float(eval_cfg.get("temperature", 0.0)),
+                seed=int(eval_cfg.get("seed", 0)),
+            )
             if annotate is not None:
                 annotate(result)
             path.write_text(json.dumps(result, indent=1))
@@ -353,8 +429,15 @@ def check_eval_section(config: dict[str, Any], source: str) -> None:
 
 def eval_settings(config: dict[str, Any], *, max_new_tokens: int, batch_size: int, seed: int) -> dict[str, Any]:
     """The held-out decoding settings: the recipe's ``eval`` section over these defaults (greedy, enabled)."""
-    return {"enabled": True, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "n_samples": 1,
-            "temperature": 0.0, "seed": seed, **(config.get("eval") or {})}
+    return {
+        "enabled": True,
+        "max_new_tokens": max_new_tokens,
+        "batch_size": batch_size,
+        "n_samples": 1,
+        "temperature": 0.0,
+        "seed": seed,
+        **(config.get("eval") or {}),
+    }
 
 
 @dataclasses.dataclass
@@ -378,8 +461,14 @@ class RunSetup:
     model_config: Any
 
 
-def prepare_run(config: dict[str, Any], *, source: str, resume: bool | str, config_cls: type,
-                trainer_defaults: dict[str, Any] | None = None) -> RunSetup:
+def prepare_run(
+    config: dict[str, Any],
+    *,
+    source: str,
+    resume: bool | str,
+    config_cls: type,
+    trainer_defaults: dict[str, Any] | None = None,
+) -> RunSetup:
     """Resolve a validated recipe into a :class:`RunSetup`: resume checkpoint, precision, trainer arguments, model.
 
     Trainer defaults (unless the recipe sets them): ``seed`` = the run's seed, ``logging_steps=1``,
@@ -408,8 +497,12 @@ def prepare_run(config: dict[str, Any], *, source: str, resume: bool | str, conf
         raise ValueError(f"{source}: {e}") from None
     if precision.device == "cpu" and trainer_cfg.get("use_vllm"):
         raise ValueError(f"{source}: trainer.use_vllm=true needs a CUDA GPU; none is visible")
-    for key, value in {"seed": seed, "logging_steps": 1, "report_to": ["tensorboard"],
-                       **(trainer_defaults or {})}.items():
+    for key, value in {
+        "seed": seed,
+        "logging_steps": 1,
+        "report_to": ["tensorboard"],
+        **(trainer_defaults or {}),
+    }.items():
         trainer_cfg.setdefault(key, value)
     try:
         args = config_cls(output_dir=str(out / "checkpoints"), **trainer_cfg)
@@ -425,13 +518,16 @@ def prepare_run(config: dict[str, Any], *, source: str, resume: bool | str, conf
 
 def format_paired(name: str, r: dict[str, Any]) -> str:
     """One line of a :func:`klear.eval.heldout.paired_difference` result: before -> after, 95% CI, McNemar p."""
-    return (f"held-out {name} (n={r['n']}): before {r['before']:.3f} -> after {r['after']:.3f}; paired difference "
-            f"{r['mean_diff']:+.3f}, 95% CI [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]; improved {r['n_improved']}, "
-            f"worsened {r['n_worsened']}, McNemar p={r['mcnemar_p']:.2g}")
+    return (
+        f"held-out {name} (n={r['n']}): before {r['before']:.3f} -> after {r['after']:.3f}; paired difference "
+        f"{r['mean_diff']:+.3f}, 95% CI [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]; improved {r['n_improved']}, "
+        f"worsened {r['n_worsened']}, McNemar p={r['mcnemar_p']:.2g}"
+    )
 
 
-def finish_run(setup: RunSetup, trainer, tokenizer, report: dict[str, Any], *, report_text: str | None,
-               panels=None) -> None:
+def finish_run(
+    setup: RunSetup, trainer, tokenizer, report: dict[str, Any], *, report_text: str | None, panels=None
+) -> None:
     """After training: save ``final/`` (model and tokenizer), write ``eval.json`` (``report``), print
     ``report_text`` and plot ``training_curves.png`` from ``metrics.jsonl`` (``panels``: see
     :func:`klear.utils.plotting.plot_training_curves`). Files are written by the main process only."""
@@ -449,8 +545,9 @@ def finish_run(setup: RunSetup, trainer, tokenizer, report: dict[str, Any], *, r
         print(report_text, flush=True)
     if (out / "metrics.jsonl").is_file():
         try:
-            png = plot_training_curves(out / "metrics.jsonl", out / "training_curves.png", title=str(out),
-                                       panels=panels)
+            png = plot_training_curves(
+                out / "metrics.jsonl", out / "training_curves.png", title=str(out), panels=panels
+            )
             print(f"training curves: {png}", flush=True)
         except ValueError as e:  # no logged step (e.g. max_steps=0)
             logging.getLogger(__name__).warning("no plot: %s", e)
@@ -477,11 +574,16 @@ def run_command(ns, stage: str, run) -> int:
 def add_run_arguments(parser, *, default_recipe: str, recipes: str) -> None:
     """The arguments ``klear rl`` and ``klear sft`` share: ``--config``, ``--output-dir``, ``--resume``,
     ``--resume-from`` and the ``key=value`` overrides (read by :func:`run_command`)."""
-    parser.add_argument("--config", default=default_recipe,
-                        help=f"a YAML recipe path, or a shipped recipe name ({recipes}); default {default_recipe}")
+    parser.add_argument(
+        "--config",
+        default=default_recipe,
+        help=f"a YAML recipe path, or a shipped recipe name ({recipes}); default {default_recipe}",
+    )
     parser.add_argument("--output-dir", default=None, help="run directory (overrides output_dir)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in <output_dir>/checkpoints")
-    parser.add_argument("--resume-from", default=None, metavar="CHECKPOINT",
-                        help="continue from this checkpoint directory")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in <output_dir>/checkpoints"
+    )
+    parser.add_argument(
+        "--resume-from", default=None, metavar="CHECKPOINT", help="continue from this checkpoint directory"
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")

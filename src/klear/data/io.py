@@ -94,11 +94,9 @@ def parse_line(path: str | os.PathLike, row: int | str, lineno: int | str | None
     try:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: line {lineno} (row {row}): invalid JSON: {exc.msg} at column "
-                         f"{exc.colno}") from exc
+        raise ValueError(f"{path}: line {lineno} (row {row}): invalid JSON: {exc.msg} at column {exc.colno}") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: row {row}: is {type(data).__name__} {short_repr(data)} "
-                         f"(expected a JSON object)")
+        raise ValueError(f"{path}: row {row}: is {type(data).__name__} {short_repr(data)} (expected a JSON object)")
     return data
 
 
@@ -139,8 +137,9 @@ def _decode_line(path: Path, raw: bytes, lineno: int, row: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: line {lineno} (row {row}): not valid UTF-8 ({exc.reason} at byte "
-                         f"{exc.start} of the line)") from None
+        raise ValueError(
+            f"{path}: line {lineno} (row {row}): not valid UTF-8 ({exc.reason} at byte {exc.start} of the line)"
+        ) from None
 
 
 def _open_text(path: Path):
@@ -169,8 +168,9 @@ def check_in_out(inp: str | os.PathLike, out: str | os.PathLike) -> tuple[Path, 
     return inp, out
 
 
-def iter_batches(path: str | os.PathLike, batch_size: int = DEFAULT_BATCH, *,
-                 parse: bool = True) -> Iterator[list[Record]]:
+def iter_batches(
+    path: str | os.PathLike, batch_size: int = DEFAULT_BATCH, *, parse: bool = True
+) -> Iterator[list[Record]]:
     """Stream the rows of a file in batches of :class:`Record` (memory: one batch).
 
     Every row must be a JSON object (dict). With ``parse=False`` JSONL lines are not parsed
@@ -205,8 +205,9 @@ def iter_batches(path: str | os.PathLike, batch_size: int = DEFAULT_BATCH, *,
             except UnicodeDecodeError as exc:
                 lineno = first_lineno + raw[: exc.start].count(b"\n")
                 col = exc.start - raw.rfind(b"\n", 0, exc.start) - 1
-                raise ValueError(f"{path}: line {lineno}: not valid UTF-8 ({exc.reason} at byte {col} "
-                                 f"of the line)") from None
+                raise ValueError(
+                    f"{path}: line {lineno}: not valid UTF-8 ({exc.reason} at byte {col} of the line)"
+                ) from None
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as exc:
@@ -214,7 +215,7 @@ def iter_batches(path: str | os.PathLike, batch_size: int = DEFAULT_BATCH, *,
             if not isinstance(data, list):
                 raise ValueError(f"{path}: expected a JSON array of objects")
             for start in range(0, len(data), batch_size):
-                batch = [Record(start + i, rec) for i, rec in enumerate(data[start:start + batch_size])]
+                batch = [Record(start + i, rec) for i, rec in enumerate(data[start : start + batch_size])]
                 _check_objects(path, batch)
                 yield batch
             return
@@ -257,12 +258,14 @@ def read_line_range(path: str | os.PathLike, start: int, end: int) -> bytes:
 def _check_objects(path: Path, batch: list[Record]) -> None:
     for rec in batch:
         if not isinstance(rec.data, dict):
-            raise ValueError(f"{path}: row {rec.row}: is {type(rec.data).__name__} {short_repr(rec.data)} "
-                             f"(expected a JSON object)")
+            raise ValueError(
+                f"{path}: row {rec.row}: is {type(rec.data).__name__} {short_repr(rec.data)} (expected a JSON object)"
+            )
 
 
-def _jsonl_batches(path: Path, fh, first: bytes, first_lineno: int, batch_size: int,
-                   parse: bool) -> Iterator[list[Record]]:
+def _jsonl_batches(
+    path: Path, fh, first: bytes, first_lineno: int, batch_size: int, parse: bool
+) -> Iterator[list[Record]]:
     batch: list[Record] = []
     row = 0
     lineno = first_lineno - 1
@@ -407,8 +410,10 @@ class RowWriter:
         try:
             table = pa.Table.from_pylist(self._buffer, schema=self._schema)
         except Exception as exc:  # arrow type conflicts
-            raise ValueError(f"{self.path}: output rows {first}-{last} do not fit the parquet schema of the "
-                             f"earlier rows ({exc}); write .jsonl instead") from exc
+            raise ValueError(
+                f"{self.path}: output rows {first}-{last} do not fit the parquet schema of the "
+                f"earlier rows ({exc}); write .jsonl instead"
+            ) from exc
         if self._writer is None:
             self._schema = table.schema
             self._writer = pq.ParquetWriter(self.tmp, self._schema)
@@ -514,8 +519,7 @@ def row_id(row: Mapping, fields: Sequence[str] = DEFAULT_ID_FIELDS) -> str | Non
     return None
 
 
-def write_report(out: str | os.PathLike, report: dict, *, started: float | None = None,
-                 quiet: bool = False) -> Path:
+def write_report(out: str | os.PathLike, report: dict, *, started: float | None = None, quiet: bool = False) -> Path:
     """Write ``OUT.report.json`` and print the one-line summary (counts in/out, removed by reason).
 
     ``report`` must hold ``command``, ``rows_in``, ``rows_out`` and ``removed`` (reason -> count).
@@ -529,6 +533,10 @@ def write_report(out: str | os.PathLike, report: dict, *, started: float | None 
     if not quiet:
         removed = report.get("removed") or {}
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(removed.items())) or "none"
-        print(f"klear data {report['command']}: {report['rows_in']} rows in, {report['rows_out']} rows out, "
-              f"{sum(removed.values())} removed ({detail}); report {path}", file=sys.stdout, flush=True)
+        print(
+            f"klear data {report['command']}: {report['rows_in']} rows in, {report['rows_out']} rows out, "
+            f"{sum(removed.values())} removed ({detail}); report {path}",
+            file=sys.stdout,
+            flush=True,
+        )
     return path

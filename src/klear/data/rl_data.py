@@ -73,6 +73,7 @@ __all__ = [
 
 # --------------------------------------------------------------------------- reasoning gym
 
+
 def _normalise_tasks(tasks: Sequence[Mapping[str, Any]]) -> list[dict]:
     if isinstance(tasks, (str, Mapping)) or not isinstance(tasks, Sequence) or len(tasks) == 0:
         raise ValueError("tasks must be a non-empty list of {'name', 'weight', 'config'} dicts")
@@ -206,11 +207,14 @@ def make_reasoning_gym_dataset(
     excluded = set(exclude_questions or ())
     demo_messages: list[dict] = []
     for k, demo in enumerate(few_shot or ()):
-        if not isinstance(demo, Mapping) or not all(isinstance(demo.get(f), str) and demo.get(f)
-                                                    for f in ("question", "answer")):
+        if not isinstance(demo, Mapping) or not all(
+            isinstance(demo.get(f), str) and demo.get(f) for f in ("question", "answer")
+        ):
             raise ValueError(f"few_shot[{k}] must be a dict with non-empty string 'question' and 'answer'")
-        demo_messages += [{"role": "user", "content": build_user_message(demo["question"], instruction)},
-                          {"role": "assistant", "content": demo["answer"]}]
+        demo_messages += [
+            {"role": "user", "content": build_user_message(demo["question"], instruction)},
+            {"role": "assistant", "content": demo["answer"]},
+        ]
         excluded.add(demo["question"])
         excluded.add(demo["question"].strip())
     if system_prompt:
@@ -227,25 +231,28 @@ def make_reasoning_gym_dataset(
     for index, (name, rg_seed, rg_index, entry) in enumerate(generated):
         question = entry["question"]
         messages = demo_messages + [{"role": "user", "content": build_user_message(question, instruction)}]
-        rows.append({
-            "prompt": messages,
-            "data_source": data_source,
-            "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
-            "extra_info": {
-                "index": index,
-                "split": split,
-                "task": name,
-                "question": question,
-                "rg_seed": rg_seed,
-                "rg_index": rg_index,
-            },
-            "prompt_id": f"{split}/{seed}/{index}",
-        })
+        rows.append(
+            {
+                "prompt": messages,
+                "data_source": data_source,
+                "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
+                "extra_info": {
+                    "index": index,
+                    "split": split,
+                    "task": name,
+                    "question": question,
+                    "rg_seed": rg_seed,
+                    "rg_index": rg_index,
+                },
+                "prompt_id": f"{split}/{seed}/{index}",
+            }
+        )
     return datasets.Dataset.from_list(rows)
 
 
-def regenerate_entries(tasks: Sequence[Mapping[str, Any]], seed: int,
-                       extra_infos: Sequence[Mapping[str, Any]]) -> list[tuple[dict, Any]]:
+def regenerate_entries(
+    tasks: Sequence[Mapping[str, Any]], seed: int, extra_infos: Sequence[Mapping[str, Any]]
+) -> list[tuple[dict, Any]]:
     """The reasoning-gym entries behind rows of :func:`make_reasoning_gym_dataset` (same ``tasks`` and ``seed``).
 
     Each row's ``extra_info`` holds ``rg_seed``/``rg_index``; the task's generator is rebuilt once per seed.
@@ -266,8 +273,10 @@ def regenerate_entries(tasks: Sequence[Mapping[str, Any]], seed: int,
         if info["rg_seed"] not in by_seed:
             raise ValueError(f"extra_info {dict(info)}: rg_seed {info['rg_seed']} is not from these tasks and seed")
         needed[info["rg_seed"]] = max(needed.get(info["rg_seed"], 0), info["rg_index"] + 1)
-    generators = {s: reasoning_gym.create_dataset(by_seed[s]["name"], size=size, seed=s, **by_seed[s]["config"])
-                  for s, size in needed.items()}
+    generators = {
+        s: reasoning_gym.create_dataset(by_seed[s]["name"], size=size, seed=s, **by_seed[s]["config"])
+        for s, size in needed.items()
+    }
     out = []
     for info in extra_infos:
         gen = generators[info["rg_seed"]]
@@ -309,11 +318,13 @@ def make_train_and_heldout(
         if key in kwargs:
             raise ValueError(f"make_train_and_heldout sets {key!r} itself")
     base_exclude = set(kwargs.pop("exclude_questions", None) or ())
-    heldout = make_reasoning_gym_dataset(tasks, size=heldout_size, seed=seed + 1, split="test",
-                                         exclude_questions=base_exclude, **kwargs)
+    heldout = make_reasoning_gym_dataset(
+        tasks, size=heldout_size, seed=seed + 1, split="test", exclude_questions=base_exclude, **kwargs
+    )
     held_q = {info["question"] for info in heldout["extra_info"]}
-    train = make_reasoning_gym_dataset(tasks, size=train_size, seed=seed, split="train",
-                                       exclude_questions=base_exclude | held_q, **kwargs)
+    train = make_reasoning_gym_dataset(
+        tasks, size=train_size, seed=seed, split="train", exclude_questions=base_exclude | held_q, **kwargs
+    )
     return train, heldout
 
 
@@ -339,8 +350,10 @@ def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str]:
     if reward_model is None:
         raise ValueError(f"{where}: field 'reward_model' is missing (expected a dict with 'ground_truth')")
     if not isinstance(reward_model, dict):
-        raise ValueError(f"{where}: field 'reward_model' is {type(reward_model).__name__} {short_repr(reward_model)} "
-                         f"(expected a dict with 'ground_truth')")
+        raise ValueError(
+            f"{where}: field 'reward_model' is {type(reward_model).__name__} {short_repr(reward_model)} "
+            f"(expected a dict with 'ground_truth')"
+        )
     style = reward_model.get("style", "rule")
     if style is None:
         style = "rule"
@@ -356,8 +369,9 @@ def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str]:
         return json.dumps(items, ensure_ascii=False), style
     text = _scalar_gt(gt)
     if text is None:
-        raise ValueError(f"{where}: field 'reward_model.ground_truth' is {type(gt).__name__} {short_repr(gt)} "
-                         f"({_GT_EXPECTED})")
+        raise ValueError(
+            f"{where}: field 'reward_model.ground_truth' is {type(gt).__name__} {short_repr(gt)} ({_GT_EXPECTED})"
+        )
     return text, style
 
 
@@ -368,8 +382,10 @@ def _check_scorer(where: str, data_source: str) -> None:
     try:
         get_scorer(data_source)
     except ValueError:
-        raise ValueError(f"{where}: field 'data_source' is {data_source!r}, which no reward scorer handles "
-                         f"(expected a name starting with one of {registered_prefixes()})") from None
+        raise ValueError(
+            f"{where}: field 'data_source' is {data_source!r}, which no reward scorer handles "
+            f"(expected a name starting with one of {registered_prefixes()})"
+        ) from None
 
 
 def _is_code_source(data_source: str) -> bool:
@@ -388,8 +404,10 @@ def _check_code_ground_truth(where: str, reward_model: Any, extra_info: Any) -> 
     from klear.rewards.code_reward import parse_ground_truth
 
     if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
-        raise ValueError(f"{where}: field 'reward_model.ground_truth' is missing (expected the tests of a code "
-                         f"problem, see klear.rewards.code_reward)")
+        raise ValueError(
+            f"{where}: field 'reward_model.ground_truth' is missing (expected the tests of a code "
+            f"problem, see klear.rewards.code_reward)"
+        )
     gt = reward_model["ground_truth"]
     try:
         parse_ground_truth(gt, extra_info if isinstance(extra_info, dict) else None)
@@ -446,15 +464,19 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
     seen_ids: dict[str, int] = {}
     for r, (where, rec) in enumerate(read_rows(path)):
         if "prompt" not in rec or rec["prompt"] is None:
-            raise ValueError(f"{where}: field 'prompt' is missing (expected a non-empty list of "
-                             f"{{'role', 'content'}} messages, or a string)")
+            raise ValueError(
+                f"{where}: field 'prompt' is missing (expected a non-empty list of "
+                f"{{'role', 'content'}} messages, or a string)"
+            )
         messages = check_messages(where, "prompt", rec["prompt"], allow_string=True)
 
         data_source = rec.get("data_source")
         if data_source is None:
             if default_data_source is None:
-                raise ValueError(f"{where}: field 'data_source' is missing (expected a non-empty string; "
-                                 f"or pass default_data_source)")
+                raise ValueError(
+                    f"{where}: field 'data_source' is missing (expected a non-empty string; "
+                    f"or pass default_data_source)"
+                )
             data_source = default_data_source
         if not isinstance(data_source, str) or not data_source:
             raise ValueError(f"{where}: field 'data_source' is {short_repr(data_source)} (expected a non-empty string)")
@@ -469,8 +491,9 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
         if extra is None:
             extra = {}
         if not isinstance(extra, dict):
-            raise ValueError(f"{where}: field 'extra_info' is {type(extra).__name__} {short_repr(extra)} "
-                             f"(expected a dict)")
+            raise ValueError(
+                f"{where}: field 'extra_info' is {type(extra).__name__} {short_repr(extra)} (expected a dict)"
+            )
         try:
             json.dumps(extra)
         except (TypeError, ValueError) as exc:
@@ -482,8 +505,9 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
         given_id = rec.get("prompt_id")
         if given_id is not None:
             if isinstance(given_id, bool) or not isinstance(given_id, (int, str)) or given_id == "":
-                raise ValueError(f"{where}: field 'prompt_id' is {short_repr(given_id)} (expected a non-empty "
-                                 f"string or an int)")
+                raise ValueError(
+                    f"{where}: field 'prompt_id' is {short_repr(given_id)} (expected a non-empty string or an int)"
+                )
             prompt_id, id_field = str(given_id), "prompt_id"
         elif index is not None:
             prompt_id, id_field = str(index), "extra_info.index"
@@ -494,19 +518,26 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
         extra.setdefault("split", split)
         extra.setdefault("task", data_source)
         if prompt_id in seen_ids:
-            raise ValueError(f"{path}: rows {seen_ids[prompt_id]} and {r} have the same prompt id {prompt_id!r} "
-                             f"(field '{id_field}'; expected unique per problem)")
+            raise ValueError(
+                f"{path}: rows {seen_ids[prompt_id]} and {r} have the same prompt id {prompt_id!r} "
+                f"(field '{id_field}'; expected unique per problem)"
+            )
         seen_ids[prompt_id] = r
 
-        row = {k: v for k, v in rec.items()
-               if k not in ("prompt", "data_source", "reward_model", "extra_info", "prompt_id")}
-        row.update({
-            "prompt": messages,
-            "data_source": data_source,
-            "reward_model": {"style": style, "ground_truth": ground_truth},
-            "extra_info": extra,
-            "prompt_id": prompt_id,
-        })
+        row = {
+            k: v
+            for k, v in rec.items()
+            if k not in ("prompt", "data_source", "reward_model", "extra_info", "prompt_id")
+        }
+        row.update(
+            {
+                "prompt": messages,
+                "data_source": data_source,
+                "reward_model": {"style": style, "ground_truth": ground_truth},
+                "extra_info": extra,
+                "prompt_id": prompt_id,
+            }
+        )
         rows.append(row)
 
     columns: list[str] = []
@@ -517,8 +548,9 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
     try:
         return datasets.Dataset.from_dict({c: [row.get(c) for row in rows] for c in columns})
     except Exception as exc:  # pyarrow type conflicts between rows
-        raise ValueError(f"{path}: rows disagree on the type of some field (extra_info or an extra column): "
-                         f"{exc}") from exc
+        raise ValueError(
+            f"{path}: rows disagree on the type of some field (extra_info or an extra column): {exc}"
+        ) from exc
 
 
 def load_rl_dataset(source, **kwargs: Any):
@@ -545,5 +577,6 @@ def load_rl_dataset(source, **kwargs: Any):
         return load_rl_file(path, **kwargs)
     if isinstance(source, Sequence) and source and all(isinstance(t, Mapping) for t in source):
         return make_reasoning_gym_dataset(source, **kwargs)
-    raise ValueError(f"unsupported RL data source {short_repr(source)} (expected a file path or a list of "
-                     f"reasoning-gym task dicts)")
+    raise ValueError(
+        f"unsupported RL data source {short_repr(source)} (expected a file path or a list of reasoning-gym task dicts)"
+    )

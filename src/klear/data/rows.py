@@ -63,19 +63,25 @@ def check_messages(where: str, field: str, value: Any, *, allow_string: bool = F
             raise ValueError(f"{where}: field '{field}' is an empty string (expected {expected})")
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise ValueError(f"{where}: field '{field}' is {type(value).__name__} {short_repr(value)} "
-                         f"(expected {expected})")
+        raise ValueError(
+            f"{where}: field '{field}' is {type(value).__name__} {short_repr(value)} (expected {expected})"
+        )
     out = []
     for j, msg in enumerate(value):
         if not isinstance(msg, Mapping):
-            raise ValueError(f"{where}: field '{field}[{j}]' is {type(msg).__name__} {short_repr(msg)} "
-                             f"(expected a {{'role', 'content'}} dict)")
+            raise ValueError(
+                f"{where}: field '{field}[{j}]' is {type(msg).__name__} {short_repr(msg)} "
+                f"(expected a {{'role', 'content'}} dict)"
+            )
         role, content = msg.get("role"), msg.get("content")
         if role not in VALID_ROLES:
-            raise ValueError(f"{where}: field '{field}[{j}].role' is {short_repr(role)} "
-                             f"(expected one of {VALID_ROLES})")
+            raise ValueError(
+                f"{where}: field '{field}[{j}].role' is {short_repr(role)} (expected one of {VALID_ROLES})"
+            )
         if not isinstance(content, str):
-            raise ValueError(f"{where}: field '{field}[{j}].content' is {type(content).__name__} "
-                             f"{short_repr(content)} (expected a string)")
+            raise ValueError(
+                f"{where}: field '{field}[{j}].content' is {type(content).__name__} "
+                f"{short_repr(content)} (expected a string)"
+            )
         out.append({"role": role, "content": content})
     return out

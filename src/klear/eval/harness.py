@@ -101,8 +101,10 @@ def ensure_judges(problems: Sequence[Problem]) -> None:
         try:
             importlib.import_module("klear.rewards.code_reward")
         except ImportError as e:
-            raise ValueError(f"code problems need the code judge (klear.rewards.code_reward), which is not "
-                             f"available in this installation: {e}") from None
+            raise ValueError(
+                f"code problems need the code judge (klear.rewards.code_reward), which is not "
+                f"available in this installation: {e}"
+            ) from None
     for ds in sorted({p.data_source for p in problems}):
         try:
             rewards.get_scorer(ds)
@@ -120,10 +122,13 @@ def judge(problems: Sequence[Problem], responses: Sequence[str]) -> list[tuple[f
 
     if not responses:
         return []
-    rewards = compute_scores([p.data_source for p in problems], list(responses),
-                             [p.ground_truth for p in problems], [p.extra_info for p in problems])
-    return [(float(r), is_correct(float(r)), extract_answer(p, s))
-            for p, s, r in zip(problems, responses, rewards)]
+    rewards = compute_scores(
+        [p.data_source for p in problems],
+        list(responses),
+        [p.ground_truth for p in problems],
+        [p.extra_info for p in problems],
+    )
+    return [(float(r), is_correct(float(r)), extract_answer(p, s)) for p, s, r in zip(problems, responses, rewards)]
 
 
 # ------------------------------------------------------------------------------- sample files
@@ -191,8 +196,15 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _problem_row(p: Problem) -> dict:
-    return {"problem_id": p.problem_id, "messages": p.messages, "data_source": p.data_source,
-            "ground_truth": p.ground_truth, "extra_info": p.extra_info, "kind": p.kind, "metadata": p.metadata}
+    return {
+        "problem_id": p.problem_id,
+        "messages": p.messages,
+        "data_source": p.data_source,
+        "ground_truth": p.ground_truth,
+        "extra_info": p.extra_info,
+        "kind": p.kind,
+        "metadata": p.metadata,
+    }
 
 
 def load_problems_file(path: str | os.PathLike) -> list[Problem]:
@@ -204,8 +216,17 @@ def load_problems_file(path: str | os.PathLike) -> list[Problem]:
     out = []
     for where, rec in iter_records(path):
         try:
-            out.append(Problem(str(rec["problem_id"]), rec["messages"], rec["data_source"], rec["ground_truth"],
-                               rec.get("extra_info"), rec.get("kind", "math"), rec.get("metadata") or {}))
+            out.append(
+                Problem(
+                    str(rec["problem_id"]),
+                    rec["messages"],
+                    rec["data_source"],
+                    rec["ground_truth"],
+                    rec.get("extra_info"),
+                    rec.get("kind", "math"),
+                    rec.get("metadata") or {},
+                )
+            )
         except KeyError as e:
             raise ValueError(f"{where}: missing field {e}") from None
     return out
@@ -244,17 +265,25 @@ def markdown_table(summary: dict) -> str:
     head += ["mean tokens", "truncated %"]
     tok = m["mean_response_tokens"]
     row += ["-" if tok is None else f"{tok:.0f}", _pct(m["truncation_rate"])]
-    lines = [f"# klear eval: {m['benchmark']['name']}", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(row) + " |", ""]
+    lines = [
+        f"# klear eval: {m['benchmark']['name']}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        "| " + " | ".join(row) + " |",
+        "",
+    ]
     s = m.get("sampling") or {}
     rope = m.get("rope") or {}
-    lines += [f"- model: `{m.get('model')}`, backend: {m.get('backend')}",
-              f"- sampling: temperature {s.get('temperature')}, top-p {s.get('top_p')}, "
-              f"max tokens {s.get('max_tokens')}, seed {m.get('seed')}",
-              f"- rope: {_rope_text(rope)}",
-              f"- avg@n interval: {avg['method']}",
-              "- values in percent; pass@k is the unbiased per-problem estimator (Chen et al. 2021), "
-              "averaged over problems", ""]
+    lines += [
+        f"- model: `{m.get('model')}`, backend: {m.get('backend')}",
+        f"- sampling: temperature {s.get('temperature')}, top-p {s.get('top_p')}, "
+        f"max tokens {s.get('max_tokens')}, seed {m.get('seed')}",
+        f"- rope: {_rope_text(rope)}",
+        f"- avg@n interval: {avg['method']}",
+        "- values in percent; pass@k is the unbiased per-problem estimator (Chen et al. 2021), averaged over problems",
+        "",
+    ]
     lines += ["| problem | n | correct | accuracy | mean tokens | truncated |", "|---|---|---|---|---|---|"]
     for r in m["per_problem"]:
         mt = "-" if r["mean_tokens"] is None else f"{r['mean_tokens']:.0f}"
@@ -263,8 +292,15 @@ def markdown_table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_summary(problems: Sequence[Problem], records: Sequence[dict], *, n: int | None, ks: Sequence[int] | None,
-                  maj: bool, header: dict) -> dict:
+def build_summary(
+    problems: Sequence[Problem],
+    records: Sequence[dict],
+    *,
+    n: int | None,
+    ks: Sequence[int] | None,
+    maj: bool,
+    header: dict,
+) -> dict:
     """Summary dict: ``header`` (benchmark, model, sampling, rope ...) + the metrics of the samples
     with ``sample_index < n`` (all samples when ``n`` is None)."""
     by_pid: dict[str, list[dict]] = {p.problem_id: [] for p in problems}
@@ -299,8 +335,10 @@ def _check_run_config(run_path: Path, config: dict) -> dict:
     diff = _changed_settings(old, config)
     if diff:
         details = "; ".join(f"{k}: {a!r:.80} -> {b!r:.80}" for k, a, b in diff)
-        raise ValueError(f"{run_path.parent} holds a run with different settings ({details}; saved -> now); "
-                         "resume with the same settings or choose another --output")
+        raise ValueError(
+            f"{run_path.parent} holds a run with different settings ({details}; saved -> now); "
+            "resume with the same settings or choose another --output"
+        )
     return run
 
 
@@ -386,39 +424,65 @@ def run_eval(
         if r["problem_id"] not in by_id:
             raise ValueError(f"{samples_path}: sample of unknown problem {r['problem_id']!r}")
     done = {(r["problem_id"], r["sample_index"]) for r in records}
-    requests = [GenerationRequest(p.problem_id, i, p.messages, sample_seed(seed, p.problem_id, i))
-                for p in benchmark.problems for i in range(n) if (p.problem_id, i) not in done]
+    requests = [
+        GenerationRequest(p.problem_id, i, p.messages, sample_seed(seed, p.problem_id, i))
+        for p in benchmark.problems
+        for i in range(n)
+        if (p.problem_id, i) not in done
+    ]
     if not (out / PROBLEMS_FILE).is_file():
         _atomic_write(out / PROBLEMS_FILE, "".join(json.dumps(_problem_row(p)) + "\n" for p in benchmark.problems))
 
     started = time.time()
     wanted = {(p.problem_id, i) for p in benchmark.problems for i in range(n)}
-    invocation: dict[str, Any] = {"started": _dt.datetime.now().isoformat(timespec="seconds"),
-                  "backend": getattr(backend, "name", None), "precision": getattr(backend, "precision", None),
-                  "n": n, "already_done": len(done & wanted), "to_generate": len(requests), "generated": 0}
+    invocation: dict[str, Any] = {
+        "started": _dt.datetime.now().isoformat(timespec="seconds"),
+        "backend": getattr(backend, "name", None),
+        "precision": getattr(backend, "precision", None),
+        "n": n,
+        "already_done": len(done & wanted),
+        "to_generate": len(requests),
+        "generated": 0,
+    }
     run.setdefault("invocations", []).append(invocation)
     _atomic_write(run_path, json.dumps(run, indent=2) + "\n")
     if requests:
-        logger.info("%s: %d samples to generate (%d already done)", benchmark.name, len(requests),
-                    invocation["already_done"])
+        logger.info(
+            "%s: %d samples to generate (%d already done)", benchmark.name, len(requests), invocation["already_done"]
+        )
     chunk = max(1, int(getattr(backend, "chunk_size", 16)))
     try:
-        with open(samples_path, "a", encoding="utf-8") as f, tqdm(
-            total=len(requests), unit="sample", desc=f"eval {benchmark.name}", disable=not show_progress,
-            smoothing=0.1,
-        ) as bar:
+        with (
+            open(samples_path, "a", encoding="utf-8") as f,
+            tqdm(
+                total=len(requests),
+                unit="sample",
+                desc=f"eval {benchmark.name}",
+                disable=not show_progress,
+                smoothing=0.1,
+            ) as bar,
+        ):
             for start in range(0, len(requests), chunk):
-                part = requests[start:start + chunk]
+                part = requests[start : start + chunk]
                 comps: list[Completion] = backend.generate(part, sampling, progress=bar.update)
                 if len(comps) != len(part):
                     raise RuntimeError(f"backend returned {len(comps)} completions for {len(part)} requests")
                 verdicts = judge([by_id[r.problem_id] for r in part], [c.text for c in comps])
                 lines = []
                 for req, comp, (reward, ok, extracted) in zip(part, comps, verdicts):
-                    rec = {"problem_id": req.problem_id, "sample_index": req.sample_index, "seed": req.seed,
-                           "response": comp.text, "extracted": extracted, "verdict": "correct" if ok else "wrong",
-                           "correct": ok, "reward": reward, "n_tokens": comp.n_tokens,
-                           "finish_reason": comp.finish_reason, "data_source": by_id[req.problem_id].data_source}
+                    rec = {
+                        "problem_id": req.problem_id,
+                        "sample_index": req.sample_index,
+                        "seed": req.seed,
+                        "response": comp.text,
+                        "extracted": extracted,
+                        "verdict": "correct" if ok else "wrong",
+                        "correct": ok,
+                        "reward": reward,
+                        "n_tokens": comp.n_tokens,
+                        "finish_reason": comp.finish_reason,
+                        "data_source": by_id[req.problem_id].data_source,
+                    }
                     records.append(rec)
                     lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
                 f.write("".join(lines))
@@ -430,8 +494,13 @@ def run_eval(
         _atomic_write(run_path, json.dumps(run, indent=2) + "\n")
 
     header = {
-        "benchmark": {"name": benchmark.name, "source": benchmark.source, "n_problems": len(benchmark.problems),
-                      "fingerprint": config["benchmark_fingerprint"], "settings": benchmark.settings},
+        "benchmark": {
+            "name": benchmark.name,
+            "source": benchmark.source,
+            "n_problems": len(benchmark.problems),
+            "fingerprint": config["benchmark_fingerprint"],
+            "settings": benchmark.settings,
+        },
         "model": model,
         "backend": getattr(backend, "name", None),
         "seed": seed,
@@ -463,12 +532,19 @@ def _sample_from_line(where: str, rec: dict, *, response_field, id_field, answer
     else:
         resp = next((rec[f] for f in RESPONSE_FIELDS if isinstance(rec.get(f), str)), None)
         msgs = rec.get("messages")
-        if resp is None and isinstance(msgs, list) and msgs and isinstance(msgs[-1], dict) \
-                and msgs[-1].get("role") == "assistant":
+        if (
+            resp is None
+            and isinstance(msgs, list)
+            and msgs
+            and isinstance(msgs[-1], dict)
+            and msgs[-1].get("role") == "assistant"
+        ):
             resp = msgs[-1].get("content")
         if resp is None:
-            raise ValueError(f"{where}: no response (looked for {', '.join(RESPONSE_FIELDS)} and a last "
-                             "assistant message); pass --response-field")
+            raise ValueError(
+                f"{where}: no response (looked for {', '.join(RESPONSE_FIELDS)} and a last "
+                "assistant message); pass --response-field"
+            )
     if not isinstance(resp, str):
         raise ValueError(f"{where}: the response must be a string, got {type(resp).__name__}")
     if id_field:
@@ -483,16 +559,26 @@ def _sample_from_line(where: str, rec: dict, *, response_field, id_field, answer
     idx = rec.get("sample_index")
     if idx is not None and (isinstance(idx, bool) or not isinstance(idx, int) or idx < 0):
         raise ValueError(f"{where}: sample_index must be a non-negative int, got {idx!r}")
-    answer = get_field(rec, answer_field, None) if answer_field else next(
-        (rec[f] for f in SAMPLE_ANSWER_FIELDS if rec.get(f) not in (None, "")), None)
+    answer = (
+        get_field(rec, answer_field, None)
+        if answer_field
+        else next((rec[f] for f in SAMPLE_ANSWER_FIELDS if rec.get(f) not in (None, "")), None)
+    )
     if answer_field and answer is None:
         raise ValueError(f"{where}: no field {answer_field!r}")
     n_tokens = rec.get("n_tokens")
     fin = rec.get("finish_reason")
-    return {"problem_id": str(pid), "sample_index": idx, "response": resp, "answer": answer,
-            "data_source": rec.get("data_source") if isinstance(rec.get("data_source"), str) else None,
-            "n_tokens": n_tokens if isinstance(n_tokens, int) and not isinstance(n_tokens, bool) else None,
-            "finish_reason": fin if isinstance(fin, str) else None, "seed": rec.get("seed"), "where": where}
+    return {
+        "problem_id": str(pid),
+        "sample_index": idx,
+        "response": resp,
+        "answer": answer,
+        "data_source": rec.get("data_source") if isinstance(rec.get("data_source"), str) else None,
+        "n_tokens": n_tokens if isinstance(n_tokens, int) and not isinstance(n_tokens, bool) else None,
+        "finish_reason": fin if isinstance(fin, str) else None,
+        "seed": rec.get("seed"),
+        "where": where,
+    }
 
 
 def judge_only(
@@ -531,8 +617,10 @@ def judge_only(
     out = Path(output_dir)
     if out.resolve() != src.parent.resolve() and (out / SAMPLES_FILE).is_file() and not _judged_from(out, src):
         raise ValueError(f"{out} already holds {SAMPLES_FILE} from another run; choose another --output")
-    lines = [_sample_from_line(w, r, response_field=response_field, id_field=id_field, answer_field=answer_field)
-             for w, r in iter_records(src)]
+    lines = [
+        _sample_from_line(w, r, response_field=response_field, id_field=id_field, answer_field=answer_field)
+        for w, r in iter_records(src)
+    ]
     if not lines:
         raise ValueError(f"{src}: no samples")
 
@@ -548,9 +636,11 @@ def judge_only(
         first: dict[str, tuple[str, Any, str]] = {}
         for s in lines:
             if s["answer"] is None:
-                raise ValueError(f"{s['where']}: no ground truth in the line (looked for "
-                                 f"{', '.join([answer_field] if answer_field else SAMPLE_ANSWER_FIELDS)}); "
-                                 "pass --benchmark or --answer-field")
+                raise ValueError(
+                    f"{s['where']}: no ground truth in the line (looked for "
+                    f"{', '.join([answer_field] if answer_field else SAMPLE_ANSWER_FIELDS)}); "
+                    "pass --benchmark or --answer-field"
+                )
             ds = data_source or s["data_source"] or DEFAULT_MATH_DATA_SOURCE
             gt = s["answer"]
             if ds.startswith("code"):
@@ -565,8 +655,10 @@ def judge_only(
             pid = s["problem_id"]
             if pid in first:
                 if first[pid][1] != gt or first[pid][2] != ds:
-                    raise ValueError(f"{s['where']}: problem {pid!r} has a different ground truth or data source "
-                                     f"than on {first[pid][0]}")
+                    raise ValueError(
+                        f"{s['where']}: problem {pid!r} has a different ground truth or data source "
+                        f"than on {first[pid][0]}"
+                    )
                 continue
             first[pid] = (s["where"], gt, ds)
             problems.append(Problem(pid, [], ds, gt, kind=kind, metadata={"where": s["where"]}))
@@ -590,18 +682,30 @@ def judge_only(
         seen[key] = s["where"]
     missing = [p.problem_id for p in problems if p.problem_id not in counters]
     if missing:
-        raise ValueError(f"{len(missing)} problem(s) of {origin} have no samples in {src} "
-                         f"(first: {', '.join(missing[:5])})")
+        raise ValueError(
+            f"{len(missing)} problem(s) of {origin} have no samples in {src} (first: {', '.join(missing[:5])})"
+        )
 
     verdicts = judge([by_id[s["problem_id"]] for s in lines], [s["response"] for s in lines])
     if on_progress is not None:
         on_progress(len(lines))
     records = []
     for s, (reward, ok, extracted) in zip(lines, verdicts):
-        records.append({"problem_id": s["problem_id"], "sample_index": s["sample_index"], "seed": s["seed"],
-                        "response": s["response"], "extracted": extracted, "verdict": "correct" if ok else "wrong",
-                        "correct": ok, "reward": reward, "n_tokens": s["n_tokens"],
-                        "finish_reason": s["finish_reason"], "data_source": by_id[s["problem_id"]].data_source})
+        records.append(
+            {
+                "problem_id": s["problem_id"],
+                "sample_index": s["sample_index"],
+                "seed": s["seed"],
+                "response": s["response"],
+                "extracted": extracted,
+                "verdict": "correct" if ok else "wrong",
+                "correct": ok,
+                "reward": reward,
+                "n_tokens": s["n_tokens"],
+                "finish_reason": s["finish_reason"],
+                "data_source": by_id[s["problem_id"]].data_source,
+            }
+        )
     order = {pid: i for i, pid in enumerate(by_id)}
     records.sort(key=lambda r: (order[r["problem_id"]], r["sample_index"]))
 
@@ -619,7 +723,11 @@ def judge_only(
     name = benchmark.name if benchmark is not None else src.parent.name if sibling.is_file() else src.stem
     header = {
         "benchmark": {"name": name, "source": origin, "n_problems": len(problems), "samples_file": str(src)},
-        "model": model, "backend": backend, "seed": seed, "sampling": sampling, "rope": rope,
+        "model": model,
+        "backend": backend,
+        "seed": seed,
+        "sampling": sampling,
+        "rope": rope,
         "judge_only": True,
     }
     summary = build_summary(problems, records, n=n, ks=ks, maj=maj, header=header)

@@ -101,8 +101,9 @@ def greedy_generate(
     prompts = list(prompts)
     if not prompts:
         return []
-    texts = [tokenizer.apply_chat_template(_as_messages(p), tokenize=False, add_generation_prompt=True)
-             for p in prompts]
+    texts = [
+        tokenizer.apply_chat_template(_as_messages(p), tokenize=False, add_generation_prompt=True) for p in prompts
+    ]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     order = sorted(range(len(texts)), key=lambda i: (len(ids[i]), i))
     eos = torch.tensor(_eos_ids(model, tokenizer))
@@ -120,24 +121,36 @@ def greedy_generate(
         model.eval()
         with torch.no_grad():
             for start in range(0, len(order), batch_size):
-                idx = order[start:start + batch_size]
+                idx = order[start : start + batch_size]
                 rows = [ids[i] for i in idx]
                 # the batch's common token prefix (system prompt, few-shot turns) is prefilled once
                 shared = _common_prefix_length(rows, limit=len(rows[0]) - 1) if len(rows) > 1 else 0
                 cache = DynamicCache(config=model.config)
                 if shared:
-                    model(input_ids=torch.tensor([rows[0][:shared]], device=device),
-                          position_ids=torch.arange(shared, device=device)[None], use_cache=True, logits_to_keep=1,
-                          **{cache_kw: cache})
+                    model(
+                        input_ids=torch.tensor([rows[0][:shared]], device=device),
+                        position_ids=torch.arange(shared, device=device)[None],
+                        use_cache=True,
+                        logits_to_keep=1,
+                        **{cache_kw: cache},
+                    )
                     cache.batch_repeat_interleave(len(rows))
                 width = max(len(r) for r in rows) - shared
                 suffix = torch.tensor([[pad_id] * (width - len(r) + shared) + r[shared:] for r in rows], device=device)
-                suffix_mask = (torch.arange(width, device=device)[None] >= torch.tensor(
-                    [width - len(r) + shared for r in rows], device=device)[:, None]).long()
+                suffix_mask = (
+                    torch.arange(width, device=device)[None]
+                    >= torch.tensor([width - len(r) + shared for r in rows], device=device)[:, None]
+                ).long()
                 attn = torch.cat([suffix_mask.new_ones((len(rows), shared)), suffix_mask], dim=1)
                 pos = (shared + suffix_mask.cumsum(-1) - 1).masked_fill(suffix_mask == 0, 1)
-                out = model(input_ids=suffix, attention_mask=attn, position_ids=pos,
-                            use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+                out = model(
+                    input_ids=suffix,
+                    attention_mask=attn,
+                    position_ids=pos,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{cache_kw: cache},
+                )
                 alive = torch.tensor(idx, device=device)
                 last_pos = pos[:, -1:]
                 for step in range(max_new_tokens):
@@ -155,8 +168,13 @@ def greedy_generate(
                         alive, token, attn, last_pos = alive[kept], token[kept], attn[kept], last_pos[kept]
                     attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
                     last_pos = last_pos + 1
-                    out = model(input_ids=token[:, None], attention_mask=attn, position_ids=last_pos,
-                                use_cache=True, **{cache_kw: cache})
+                    out = model(
+                        input_ids=token[:, None],
+                        attention_mask=attn,
+                        position_ids=last_pos,
+                        use_cache=True,
+                        **{cache_kw: cache},
+                    )
     finally:
         bar.close()
         model.train(was_training)
@@ -225,15 +243,15 @@ def generate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not do_sample:
-        return greedy_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                               show_progress=show_progress)
+        return greedy_generate(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress
+        )
     prompts = list(prompts)
     if not prompts:
         return []
 
     texts = [
-        tokenizer.apply_chat_template(_as_messages(p), tokenize=False, add_generation_prompt=True)
-        for p in prompts
+        tokenizer.apply_chat_template(_as_messages(p), tokenize=False, add_generation_prompt=True) for p in prompts
     ]
     # The rendered template already holds the special tokens (<|im_start|> ...).
     lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
@@ -245,8 +263,14 @@ def generate(
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     config = copy.deepcopy(model.generation_config)
-    config.update(max_new_tokens=max_new_tokens, do_sample=True, pad_token_id=pad_id, temperature=temperature,
-                  top_p=top_p, top_k=0)
+    config.update(
+        max_new_tokens=max_new_tokens,
+        do_sample=True,
+        pad_token_id=pad_id,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=0,
+    )
 
     results: list[str | None] = [None] * len(texts)
     old_side = tokenizer.padding_side
@@ -255,14 +279,21 @@ def generate(
     try:
         tokenizer.padding_side = "left"
         model.eval()
-        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
         with torch.no_grad():
             for idx in tqdm(batches, desc="generate", disable=not show_progress):
-                enc = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True,
-                                add_special_tokens=False).to(device)
-                out = grouped_prefill_generate(model, model.generate, enc["input_ids"], enc["attention_mask"],
-                                               group_size=group_size, generation_config=config)
-                new_tokens = out[:, enc["input_ids"].shape[1]:]
+                enc = tokenizer(
+                    [texts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False
+                ).to(device)
+                out = grouped_prefill_generate(
+                    model,
+                    model.generate,
+                    enc["input_ids"],
+                    enc["attention_mask"],
+                    group_size=group_size,
+                    generation_config=config,
+                )
+                new_tokens = out[:, enc["input_ids"].shape[1] :]
                 decoded = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
                 for i, text in zip(idx, decoded):
                     results[i] = text
@@ -335,22 +366,33 @@ def evaluate(
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
         raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
     if temperature < 0 or (n_samples > 1 and temperature == 0):
-        raise ValueError(f"temperature={temperature!r}: must be > 0 to draw n_samples={n_samples} samples "
-                         "(0 means greedy decoding, one completion per problem)")
+        raise ValueError(
+            f"temperature={temperature!r}: must be > 0 to draw n_samples={n_samples} samples "
+            "(0 means greedy decoding, one completion per problem)"
+        )
     rows = [dataset[i] for i in range(len(dataset))]
     if scorer is None:
         scorer = _default_scorer()
     k = n_samples
     prompts = [r["prompt"] for r in rows for _ in range(k)]
     if temperature == 0:
-        completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                               show_progress=show_progress)
+        completions = generate(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress
+        )
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                                   batch_size=max(k, batch_size // k * k), do_sample=True, temperature=temperature,
-                                   group_size=k, show_progress=show_progress)
+            completions = generate(
+                model,
+                tokenizer,
+                prompts,
+                max_new_tokens=max_new_tokens,
+                batch_size=max(k, batch_size // k * k),
+                do_sample=True,
+                temperature=temperature,
+                group_size=k,
+                show_progress=show_progress,
+            )
     data_sources = [r["data_source"] for r in rows for _ in range(k)]
     ground_truths = [r["reward_model"]["ground_truth"] for r in rows for _ in range(k)]
     extra_infos = [r.get("extra_info") for r in rows for _ in range(k)]
@@ -358,7 +400,7 @@ def evaluate(
     if len(rewards) != len(prompts):
         raise ValueError(f"scorer returned {len(rewards)} scores for {len(prompts)} samples")
     hits = [is_correct(r) for r in rewards]
-    correct: list = hits if k == 1 else [sum(hits[i * k:(i + 1) * k]) / k for i in range(len(rows))]
+    correct: list = hits if k == 1 else [sum(hits[i * k : (i + 1) * k]) / k for i in range(len(rows))]
     prompt_ids = [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]
     n = len(rows)
     return {
@@ -383,7 +425,7 @@ def _mcnemar_exact(n_improved: int, n_worsened: int) -> float:
     if m == 0:
         return 1.0
     k = min(n_improved, n_worsened)
-    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2 ** m
+    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2**m
     return min(1.0, 2.0 * tail)
 
 

@@ -154,8 +154,17 @@ def normalize_answer(answer: str | None) -> str | None:
         return None
     s = str(answer)
     s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
-    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("\\;", ""),
-                     ("\\ ", ""), ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("$", "")):
+    for old, new in (
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\;", ""),
+        ("\\ ", ""),
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+        ("$", ""),
+    ):
         s = s.replace(old, new)
     s = re.sub(r"\s+", "", s)
     if s.endswith(".") and len(s) > 1:

@@ -112,8 +112,11 @@ def _overrides(section: Any, where: str) -> dict[str, Any]:
 
 
 def _seeds(value: Any, where: str) -> list[int]:
-    if not isinstance(value, list) or not value or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
-                                                       for s in value):
+    if (
+        not isinstance(value, list)
+        or not value
+        or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in value)
+    ):
         raise ValueError(f"{where} must be a non-empty list of integers >= 0, got {value!r}")
     if len(set(value)) != len(value):
         raise ValueError(f"{where} lists a seed twice: {value!r}")
@@ -169,9 +172,16 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     if reference not in arms:
         raise ValueError(f"{path}: reference={reference!r} is not an arm (arms: {list(arms)})")
     name = str(spec.get("name") or path.stem)
-    return Experiment(name=name, description=str(spec.get("description") or "").strip(), source=path, base=base,
-                      arms=arms, reference=reference, seeds=_seeds(spec.get("seeds", [0, 1, 2]), f"{path}: seeds"),
-                      output_dir=Path(spec.get("output_dir") or f"runs/experiments/{name}"))
+    return Experiment(
+        name=name,
+        description=str(spec.get("description") or "").strip(),
+        source=path,
+        base=base,
+        arms=arms,
+        reference=reference,
+        seeds=_seeds(spec.get("seeds", [0, 1, 2]), f"{path}: seeds"),
+        output_dir=Path(spec.get("output_dir") or f"runs/experiments/{name}"),
+    )
 
 
 def plan_runs(exp: Experiment, seeds: list[int], output_dir: Path) -> dict[str, dict[str, Any]]:
@@ -195,8 +205,9 @@ def plan_runs(exp: Experiment, seeds: list[int], output_dir: Path) -> dict[str, 
             validate_job_config(config, where)
             steps = config["trainer"].get("max_steps")
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-                raise ValueError(f"{where}: trainer.max_steps={steps!r} must be an integer >= 1 "
-                                 "(the grid counts optimizer steps)")
+                raise ValueError(
+                    f"{where}: trainer.max_steps={steps!r} must be an integer >= 1 (the grid counts optimizer steps)"
+                )
             runs[run] = config
     return runs
 
@@ -219,8 +230,10 @@ def _check_plan(out: Path, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         planned = json.loads(json.dumps(config))
         if old is not None and (out / run).exists() and old != planned:
             keys = ", ".join(_diff_keys(old, planned)[:8])
-            raise ValueError(f"{out / run}: this run was started with another recipe (changed: {keys}); use another "
-                             "--output, or remove the run directory")
+            raise ValueError(
+                f"{out / run}: this run was started with another recipe (changed: {keys}); use another "
+                "--output, or remove the run directory"
+            )
         saved["runs"][run] = planned
     return saved
 
@@ -244,8 +257,14 @@ def _progress_callback(bar):
     return Progress()
 
 
-def run_experiment(exp: Experiment, *, seeds: list[int] | None = None, resume: bool = False,
-                   output_dir: str | Path | None = None, callbacks: list | None = None) -> Path:
+def run_experiment(
+    exp: Experiment,
+    *,
+    seeds: list[int] | None = None,
+    resume: bool = False,
+    output_dir: str | Path | None = None,
+    callbacks: list | None = None,
+) -> Path:
     """Run every arm x seed of ``exp`` (skipping finished runs), then write the report.
 
     Args:
@@ -295,6 +314,10 @@ def run_experiment(exp: Experiment, *, seeds: list[int] | None = None, resume: b
     with tqdm(total=total, initial=done_steps, desc=f"experiment {exp.name}", unit="step", dynamic_ncols=True) as bar:
         for run, config, resume_run in todo:
             bar.set_postfix_str(run)
-            run_rl(config, source=f"{exp.source}: {run}", resume=resume_run,
-                   callbacks=[_progress_callback(bar), *(callbacks or [])])
+            run_rl(
+                config,
+                source=f"{exp.source}: {run}",
+                resume=resume_run,
+                callbacks=[_progress_callback(bar), *(callbacks or [])],
+            )
     return write_report(out, exp, {run: out / run for run in runs}, seeds)

@@ -15,14 +15,20 @@ def _run(ns) -> int:
 def add_parser(subparsers) -> None:
     """Add the ``experiment`` subcommand."""
     p = subparsers.add_parser(
-        "experiment", help="a base RL recipe x arms x seeds, then a report with plots",
+        "experiment",
+        help="a base RL recipe x arms x seeds, then a report with plots",
         description="Run every arm x seed of an experiment file as a klear rl run (finished runs are skipped), "
-                    "then write report.md, summary.json and plots in the experiment directory.")
-    p.add_argument("--config", required=True,
-                   help="an experiment YAML path, or a shipped name (configs/experiments: gppo_vs_baselines, "
-                        "alpha_sweep, zero_adv_filter, soft_vs_hard_code, entropy_control, *_gpu)")
+        "then write report.md, summary.json and plots in the experiment directory.",
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        help="an experiment YAML path, or a shipped name (configs/experiments: gppo_vs_baselines, "
+        "alpha_sweep, zero_adv_filter, soft_vs_hard_code, entropy_control, *_gpu)",
+    )
     p.add_argument("--seeds", default=None, help="comma-separated trainer seeds (default: the file's seeds)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue unfinished (killed) runs from their latest checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue unfinished (killed) runs from their latest checkpoint"
+    )
     p.add_argument("--output", default=None, metavar="DIR", help="experiment directory (default: the file's)")
     p.set_defaults(func=_run)

@@ -73,8 +73,11 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 def metric_series(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[int, float]:
     """``{step: value}`` of the first of ``keys`` that any row has (non-numeric and null values skipped)."""
     for key in keys:
-        series = {int(r["step"]): float(r[key]) for r in rows
-                  if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and "step" in r}
+        series = {
+            int(r["step"]): float(r[key])
+            for r in rows
+            if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and "step" in r
+        }
         if series:
             return series
     return {}
@@ -88,8 +91,7 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
     curve = sorted(_jsonl(run_dir / "heldout_curve.jsonl"), key=lambda r: r["step"])
     rows = _jsonl(run_dir / "metrics.jsonl")
     metrics = {name: metric_series(rows, keys) for name, keys in METRICS}
-    return {"after": after, "curve": curve, "metrics": metrics,
-            "train_s": curve[-1]["train_s"] if curve else None}
+    return {"after": after, "curve": curve, "metrics": metrics, "train_s": curve[-1]["train_s"] if curve else None}
 
 
 def _curve_stats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -98,8 +100,13 @@ def _curve_stats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for step in steps:
         rows = [next(r for r in run["curve"] if r["step"] == step) for run in runs]
-        out.append({"step": step, "train_s": sum(r["train_s"] for r in rows) / len(rows),
-                    **{f"accuracy_{k}": v for k, v in mean_ci([r["accuracy"] for r in rows]).items() if k != "n"}})
+        out.append(
+            {
+                "step": step,
+                "train_s": sum(r["train_s"] for r in rows) / len(rows),
+                **{f"accuracy_{k}": v for k, v in mean_ci([r["accuracy"] for r in rows]).items() if k != "n"},
+            }
+        )
     return out
 
 
@@ -112,13 +119,18 @@ def summarize(exp, run_dirs: dict[str, Path], seeds: list[int]) -> dict[str, Any
     from klear.eval.heldout import paired_difference
 
     data = {arm: {seed: _read_run(run_dirs[f"{arm}/seed{seed}"]) for seed in seeds} for arm in exp.arms}
-    ids = {run: r["after"]["prompt_ids"] for arm, by_seed in data.items() for run, r in
-           ((f"{arm}/seed{s}", v) for s, v in by_seed.items())}
+    ids = {
+        run: r["after"]["prompt_ids"]
+        for arm, by_seed in data.items()
+        for run, r in ((f"{arm}/seed{s}", v) for s, v in by_seed.items())
+    }
     first = next(iter(ids))
     for run, pids in ids.items():
         if pids != ids[first]:
-            raise ValueError(f"{run_dirs[run]}: evaluated on other held-out problems than {run_dirs[first]}; a "
-                             "paired comparison needs the same problems (same top-level seed and data)")
+            raise ValueError(
+                f"{run_dirs[run]}: evaluated on other held-out problems than {run_dirs[first]}; a "
+                "paired comparison needs the same problems (same top-level seed and data)"
+            )
     arms: dict[str, Any] = {}
     for arm, by_seed in data.items():
         runs = list(by_seed.values())
@@ -129,8 +141,10 @@ def summarize(exp, run_dirs: dict[str, Path], seeds: list[int]) -> dict[str, Any
             "final_accuracy_per_seed": {str(s): r["after"]["accuracy"] for s, r in by_seed.items()},
             "start_accuracy": mean_ci([r["curve"][0]["accuracy"] for r in runs if r["curve"]]),
             "train_s": mean_ci([r["train_s"] for r in runs if r["train_s"] is not None]),
-            "metrics": {name: mean_ci([statistics.fmean(r["metrics"][name].values()) for r in runs
-                                       if r["metrics"][name]]) for name, _ in METRICS},
+            "metrics": {
+                name: mean_ci([statistics.fmean(r["metrics"][name].values()) for r in runs if r["metrics"][name]])
+                for name, _ in METRICS
+            },
             "metric_curves": {name: _series_stats([r["metrics"][name] for r in runs]) for name, _ in METRICS},
             "curve": _curve_stats(runs),
             "per_problem": per_problem,
@@ -139,8 +153,13 @@ def summarize(exp, run_dirs: dict[str, Path], seeds: list[int]) -> dict[str, Any
     for arm, stats in arms.items():
         if arm != exp.reference:
             stats["paired_vs_reference"] = paired_difference(ref, stats["per_problem"])
-    return {"experiment": exp.name, "reference": exp.reference, "seeds": seeds,
-            "n_problems": len(ids[first]), "arms": arms}
+    return {
+        "experiment": exp.name,
+        "reference": exp.reference,
+        "seeds": seeds,
+        "n_problems": len(ids[first]),
+        "arms": arms,
+    }
 
 
 def _series_stats(series: list[dict[int, float]]) -> list[dict[str, Any]]:
@@ -195,7 +214,7 @@ def _plot_metrics(summary: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -216,29 +235,46 @@ def format_report(exp, summary: dict[str, Any]) -> str:
     lines = [f"# Experiment `{summary['experiment']}`", ""]
     if exp.description:
         lines += [exp.description, ""]
-    lines += [f"Experiment file `{exp.source}`; seeds {summary['seeds']} (`trainer.seed`); "
-              f"{summary['n_problems']} held-out problems, the same for every run; reference arm `{ref}`.", "",
-              "Intervals: 95% Student-t across seeds. Paired test: per-problem correctness averaged over seeds, arm "
-              "minus reference (normal-approximation 95% CI over problems, exact sign/McNemar p).", "",
-              "## Held-out accuracy", "",
-              "| arm | overrides | start | final (mean [95% CI]) | per seed | vs reference: diff [95% CI] | "
-              "better / worse | p | train min |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        f"Experiment file `{exp.source}`; seeds {summary['seeds']} (`trainer.seed`); "
+        f"{summary['n_problems']} held-out problems, the same for every run; reference arm `{ref}`.",
+        "",
+        "Intervals: 95% Student-t across seeds. Paired test: per-problem correctness averaged over seeds, arm "
+        "minus reference (normal-approximation 95% CI over problems, exact sign/McNemar p).",
+        "",
+        "## Held-out accuracy",
+        "",
+        "| arm | overrides | start | final (mean [95% CI]) | per seed | vs reference: diff [95% CI] | "
+        "better / worse | p | train min |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for arm, s in arms.items():
         overrides = ", ".join(f"{k}={v}" for k, v in s["overrides"].items()) or "(base)"
         per_seed = ", ".join(f"{v:.3f}" for v in s["final_accuracy_per_seed"].values())
         if "paired_vs_reference" in s:
             p = s["paired_vs_reference"]
-            paired = [f"{p['mean_diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]",
-                      f"{p['n_improved']} / {p['n_worsened']}", f"{p['mcnemar_p']:.2g}"]
+            paired = [
+                f"{p['mean_diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]",
+                f"{p['n_improved']} / {p['n_worsened']}",
+                f"{p['mcnemar_p']:.2g}",
+            ]
         else:
             paired = ["(reference)", "", ""]
         train_min = "n/a" if s["train_s"]["mean"] is None else f"{s['train_s']['mean'] / 60:.1f}"
-        lines.append(f"| {arm} | {overrides} | {_fmt(s['start_accuracy'])} | {_fmt(s['final_accuracy'])} | "
-                     f"{per_seed} | {' | '.join(paired)} | {train_min} |")
-    lines += ["", "![held-out accuracy vs step](heldout_vs_step.png)",
-              "![held-out accuracy vs wall clock](heldout_vs_time.png)", "",
-              "## Training metrics (mean over steps, then mean [95% CI] over seeds)", "",
-              "| arm | " + " | ".join(name for name, _ in METRICS) + " |", "|---" * (len(METRICS) + 1) + "|"]
+        lines.append(
+            f"| {arm} | {overrides} | {_fmt(s['start_accuracy'])} | {_fmt(s['final_accuracy'])} | "
+            f"{per_seed} | {' | '.join(paired)} | {train_min} |"
+        )
+    lines += [
+        "",
+        "![held-out accuracy vs step](heldout_vs_step.png)",
+        "![held-out accuracy vs wall clock](heldout_vs_time.png)",
+        "",
+        "## Training metrics (mean over steps, then mean [95% CI] over seeds)",
+        "",
+        "| arm | " + " | ".join(name for name, _ in METRICS) + " |",
+        "|---" * (len(METRICS) + 1) + "|",
+    ]
     for arm, s in arms.items():
         lines.append(f"| {arm} | " + " | ".join(_fmt(s["metrics"][name], 4) for name, _ in METRICS) + " |")
     lines += ["", "![training metrics](training_metrics.png)", ""]
@@ -257,8 +293,9 @@ def write_report(out: Path, exp, run_dirs: dict[str, Path], seeds: list[int]) ->
         stats.pop("per_problem")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     _plot_curves(summary, "step", "optimizer step", out / "heldout_vs_step.png")
-    _plot_curves(summary, "train_s", "training wall clock (min, held-out evaluation excluded)",
-                 out / "heldout_vs_time.png")
+    _plot_curves(
+        summary, "train_s", "training wall clock (min, held-out evaluation excluded)", out / "heldout_vs_time.png"
+    )
     _plot_metrics(summary, out / "training_metrics.png")
     path = out / "report.md"
     path.write_text(format_report(exp, summary))

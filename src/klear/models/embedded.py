@@ -111,13 +111,16 @@ def resolve_model_path(name_or_path: str) -> str:
         return str(embedded_model_path())
     looks_local = name_or_path.startswith(("/", "./", "../", "~")) or os.path.sep + os.path.sep in name_or_path
     if looks_local and not Path(name_or_path).expanduser().is_dir():
-        raise FileNotFoundError(f"model {name_or_path!r}: no such directory (expected a Hugging Face checkpoint "
-                                "folder, a hub id, or 'embedded')")
+        raise FileNotFoundError(
+            f"model {name_or_path!r}: no such directory (expected a Hugging Face checkpoint "
+            "folder, a hub id, or 'embedded')"
+        )
     return str(Path(name_or_path).expanduser()) if looks_local else name_or_path
 
 
-def tiny_random_model(tokenizer_path: str | os.PathLike | None = None, *, hidden_size: int = 64,
-                      num_layers: int = 2, seed: int = 0):
+def tiny_random_model(
+    tokenizer_path: str | os.PathLike | None = None, *, hidden_size: int = 64, num_layers: int = 2, seed: int = 0
+):
     """A tiny randomly initialised Llama with the embedded model's REAL tokenizer (for fast tests).
 
     Args:

@@ -113,10 +113,7 @@ def _resolve(data_source: str) -> _Scorer:
         matches = [s for p, s in _REGISTRY.items() if isinstance(data_source, str) and data_source.startswith(p)]
         known = sorted(_REGISTRY)
     if not matches:
-        raise ValueError(
-            f"no reward scorer for data_source {data_source!r}; "
-            f"registered prefixes: {known}"
-        )
+        raise ValueError(f"no reward scorer for data_source {data_source!r}; registered prefixes: {known}")
     return max(matches, key=lambda s: len(s.prefix))
 
 
@@ -191,8 +188,7 @@ def compute_scores(
     n = len(data_sources)
     if len(solution_strs) != n or len(ground_truths) != n:
         raise ValueError(
-            f"length mismatch: {n} data_sources, {len(solution_strs)} solution_strs, "
-            f"{len(ground_truths)} ground_truths"
+            f"length mismatch: {n} data_sources, {len(solution_strs)} solution_strs, {len(ground_truths)} ground_truths"
         )
     if extra_infos is None:
         extra_infos = [None] * n
@@ -268,8 +264,14 @@ def _math_entry(
     ``"longcot" in data_source``; unknown keyword arguments are ignored). A ground truth that is a
     list of acceptable answers (or its JSON text) scores +1 when any of them matches."""
     if _gold_alternatives(ground_truth) is not None:
-        return _math_batch_entry([data_source], [solution_str], [ground_truth], [extra_info],
-                                 require_think=require_think, timeout_s=timeout_s)[0]
+        return _math_batch_entry(
+            [data_source],
+            [solution_str],
+            [ground_truth],
+            [extra_info],
+            require_think=require_think,
+            timeout_s=timeout_s,
+        )[0]
     return math_score(
         solution_str,
         ground_truth,

@@ -41,9 +41,31 @@ protocol = _load_protocol()
 
 # Modules solutions commonly import: loaded once here, shared copy-on-write by every child.
 _PRELOAD = (
-    "array", "bisect", "collections", "copy", "datetime", "decimal", "fractions", "functools",
-    "heapq", "itertools", "json", "math", "operator", "random", "re", "statistics", "string",
-    "typing", "dataclasses", "enum", "hashlib", "cmath", "queue", "textwrap", "unicodedata",
+    "array",
+    "bisect",
+    "collections",
+    "copy",
+    "datetime",
+    "decimal",
+    "fractions",
+    "functools",
+    "heapq",
+    "itertools",
+    "json",
+    "math",
+    "operator",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "typing",
+    "dataclasses",
+    "enum",
+    "hashlib",
+    "cmath",
+    "queue",
+    "textwrap",
+    "unicodedata",
 )
 
 CLONE_NEWNS = 0x00020000
@@ -185,8 +207,12 @@ def _build_root(sandbox_root):
     for n in ("null", "zero", "full", "random", "urandom"):
         if os.path.exists("/dev/" + n):
             bind("/dev/" + n, ro=False)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, root + "/dev/" + name)
     os.makedirs(root + "/proc", exist_ok=True)
     _mount(libc, "proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
@@ -216,14 +242,20 @@ def _mount_scratch(scratch_bytes):
             if not os.path.isdir(base + d):
                 continue
             keep = [(p, os.open(base + p, os.O_PATH | os.O_DIRECTORY)) for p in needed if p.startswith(d + "/")]
-            _mount(libc, "tmpfs", base + d, "tmpfs", MS_NOSUID | MS_NODEV,
-                   f"size={int(scratch_bytes)},nr_inodes=16384,mode=1777")
+            _mount(
+                libc,
+                "tmpfs",
+                base + d,
+                "tmpfs",
+                MS_NOSUID | MS_NODEV,
+                f"size={int(scratch_bytes)},nr_inodes=16384,mode=1777",
+            )
             for p, fd in keep:
                 os.makedirs(base + p, mode=0o755, exist_ok=True)
                 _mount(libc, f"/proc/self/fd/{fd}", base + p, None, MS_BIND | MS_REC, None)
                 _mount(libc, None, base + p, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, None)
                 os.close(fd)
-                PROTECTED.add(base + d + "/" + p[len(d) + 1:].split("/")[0])
+                PROTECTED.add(base + d + "/" + p[len(d) + 1 :].split("/")[0])
     finally:
         os.umask(old_umask)
 
@@ -262,24 +294,96 @@ def _reset_scratch(uid):
 # clone, whose namespace flags are refused. Other architectures: no filter (said in the notes).
 
 _SECCOMP_BLOCK = {
-    "x86_64": (0xC000003E, 56, 435, {
-        "memfd_create": 319, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
-        "chroot": 161, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "keyctl": 250,
-        "add_key": 248, "request_key": 249, "bpf": 321, "userfaultfd": 323, "perf_event_open": 298,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_by_handle_at": 304,
-        "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313,
-        "delete_module": 176, "swapon": 167, "swapoff": 168, "reboot": 169, "acct": 163, "quotactl": 179,
-        "syslog": 103, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-        "fspick": 433, "mount_setattr": 442}),
-    "aarch64": (0xC00000B7, 220, 435, {
-        "memfd_create": 279, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
-        "chroot": 51, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "keyctl": 219,
-        "add_key": 217, "request_key": 218, "bpf": 280, "userfaultfd": 282, "perf_event_open": 241,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_by_handle_at": 265,
-        "kexec_load": 104, "kexec_file_load": 294, "init_module": 105, "finit_module": 273,
-        "delete_module": 106, "swapon": 224, "swapoff": 225, "reboot": 142, "acct": 89, "quotactl": 60,
-        "syslog": 116, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-        "fspick": 433, "mount_setattr": 442}),
+    "x86_64": (
+        0xC000003E,
+        56,
+        435,
+        {
+            "memfd_create": 319,
+            "unshare": 272,
+            "setns": 308,
+            "mount": 165,
+            "umount2": 166,
+            "pivot_root": 155,
+            "chroot": 161,
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "keyctl": 250,
+            "add_key": 248,
+            "request_key": 249,
+            "bpf": 321,
+            "userfaultfd": 323,
+            "perf_event_open": 298,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "open_by_handle_at": 304,
+            "kexec_load": 246,
+            "kexec_file_load": 320,
+            "init_module": 175,
+            "finit_module": 313,
+            "delete_module": 176,
+            "swapon": 167,
+            "swapoff": 168,
+            "reboot": 169,
+            "acct": 163,
+            "quotactl": 179,
+            "syslog": 103,
+            "open_tree": 428,
+            "move_mount": 429,
+            "fsopen": 430,
+            "fsconfig": 431,
+            "fsmount": 432,
+            "fspick": 433,
+            "mount_setattr": 442,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        220,
+        435,
+        {
+            "memfd_create": 279,
+            "unshare": 97,
+            "setns": 268,
+            "mount": 40,
+            "umount2": 39,
+            "pivot_root": 41,
+            "chroot": 51,
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "keyctl": 219,
+            "add_key": 217,
+            "request_key": 218,
+            "bpf": 280,
+            "userfaultfd": 282,
+            "perf_event_open": 241,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "open_by_handle_at": 265,
+            "kexec_load": 104,
+            "kexec_file_load": 294,
+            "init_module": 105,
+            "finit_module": 273,
+            "delete_module": 106,
+            "swapon": 224,
+            "swapoff": 225,
+            "reboot": 142,
+            "acct": 89,
+            "quotactl": 60,
+            "syslog": 116,
+            "open_tree": 428,
+            "move_mount": 429,
+            "fsopen": 430,
+            "fsconfig": 431,
+            "fsmount": 432,
+            "fspick": 433,
+            "mount_setattr": 442,
+        },
+    ),
 }
 _NS_FLAGS = 0x10000000 | 0x00020000 | 0x40000000 | 0x20000000 | 0x08000000 | 0x04000000 | 0x02000000
 
@@ -317,8 +421,7 @@ class _SeccompFilter:
             return
 
         class Filter(ctypes.Structure):
-            _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
-                        ("k", ctypes.c_uint)]
+            _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
 
         class Prog(ctypes.Structure):
             _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
@@ -403,12 +506,17 @@ def _set_limits(limits):
 def _fresh_stdio():
     # sys.__std*__ are Final to type checkers; the child rebinds them to its own descriptors 0-2
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]
-        io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8", errors="replace")
+        io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8", errors="replace"
+    )
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
-        io.BufferedWriter(io.FileIO(1, "wb", closefd=False), 1 << 16), encoding="utf-8", errors="replace")
+        io.BufferedWriter(io.FileIO(1, "wb", closefd=False), 1 << 16), encoding="utf-8", errors="replace"
+    )
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
-        io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding="utf-8", errors="backslashreplace",
-        line_buffering=True)
+        io.BufferedWriter(io.FileIO(2, "wb", closefd=False)),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
 
 
 def _finish_threads():
@@ -472,7 +580,9 @@ class _PackageGate:
             return None  # let the normal finders look for it
         raise ModuleNotFoundError(
             f"No module named {top!r} (the judge allows the standard library and: "
-            f"{', '.join(sorted(self.allowed)) or 'nothing else'})", name=top)
+            f"{', '.join(sorted(self.allowed)) or 'nothing else'})",
+            name=top,
+        )
 
 
 def _restrict_imports(allowed):
@@ -564,8 +674,7 @@ class _Codec:
             if key in memo:
                 return {TAG: "ref", "id": memo[key]}
             memo[key] = len(memo) + 1
-            return {TAG: "obj", "cls": t.__name__, "id": memo[key],
-                    "v": {k: enc(v) for k, v in vars(x).items()}}
+            return {TAG: "obj", "cls": t.__name__, "id": memo[key], "v": {k: enc(v) for k, v in vars(x).items()}}
         if hasattr(x, "__next__") and hasattr(x, "__iter__"):
             items = []
             for i, y in enumerate(x):
@@ -607,6 +716,7 @@ class _Codec:
         if t in ("fractions", "decimal"):
             import decimal
             import fractions
+
             return fractions.Fraction(v) if t == "fractions" else decimal.Decimal(v)
         if t == "ref":
             return memo[x["id"]]
@@ -855,8 +965,11 @@ def main():
     global _FILTER
     _FILTER = _SeccompFilter()  # built before any fork
     SECCOMP_OK = _seccomp_works()
-    notes.append("seccomp filter (no namespaces, mounts, ptrace, memfd, io_uring, bpf)" if SECCOMP_OK
-                 else "seccomp filter NOT available: programs may create namespaces or memfd RAM")
+    notes.append(
+        "seccomp filter (no namespaces, mounts, ptrace, memfd, io_uring, bpf)"
+        if SECCOMP_OK
+        else "seccomp filter NOT available: programs may create namespaces or memfd RAM"
+    )
     for name in _PRELOAD:
         try:
             __import__(name)
@@ -872,8 +985,9 @@ def main():
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    protocol.send_packet(sock, {"op": protocol.OP_HELLO, "pid": os.getpid(), "root": is_root,
-                                "net_isolated": isolated, "notes": notes})
+    protocol.send_packet(
+        sock, {"op": protocol.OP_HELLO, "pid": os.getpid(), "root": is_root, "net_isolated": isolated, "notes": notes}
+    )
     reapers = {}
     spawned = {}
     while True:

@@ -357,9 +357,7 @@ class TimedProcessPool:
             self._probe_lock.release()
 
     # ------------------------------------------------------------------------- tasks
-    def submit(
-        self, fn: Callable[..., Any], args: tuple = (), *, timeout_s: float
-    ) -> concurrent.futures.Future:
+    def submit(self, fn: Callable[..., Any], args: tuple = (), *, timeout_s: float) -> concurrent.futures.Future:
         """Schedule ``fn(*args)`` with a limit of *timeout_s* seconds of run time.
 
         The limit starts when a worker picks the task up (queue time is not counted).

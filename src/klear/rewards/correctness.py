@@ -48,8 +48,11 @@ def is_correct(reward, correct_reward: float = CORRECT_REWARD):
         TypeError: ``reward`` is a bool, a string, or another non-numeric value.
         ValueError: ``correct_reward`` is not a finite number.
     """
-    if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)) \
-            or not math.isfinite(correct_reward):
+    if (
+        isinstance(correct_reward, bool)
+        or not isinstance(correct_reward, (int, float))
+        or not math.isfinite(correct_reward)
+    ):
         raise ValueError(f"correct_reward must be a finite number, got {correct_reward!r}")
     if isinstance(reward, torch.Tensor):
         return reward >= correct_reward

@@ -358,9 +358,12 @@ def _or_of_inequalities(parsed: list, latex: str) -> list:
 
     out = []
     for x in parsed:
-        if (isinstance(x, FiniteSet) and len(x) > 1
-                and all(isinstance(r, Relational) and not isinstance(r, (Eq, Ne)) for r in x.args)
-                and len(x.free_symbols) == 1):
+        if (
+            isinstance(x, FiniteSet)
+            and len(x) > 1
+            and all(isinstance(r, Relational) and not isinstance(r, (Eq, Ne)) for r in x.args)
+            and len(x.free_symbols) == 1
+        ):
             try:
                 x = Union(*(r.as_set() for r in x.args))
             except Exception:  # leave it to math-verify
@@ -677,9 +680,7 @@ def math_score(
 
     Thread-safe; the first call starts the worker pool (about a second with ``spawn``).
     """
-    return math_score_detailed(
-        solution_str, ground_truth, require_think=require_think, timeout_s=timeout_s
-    ).score
+    return math_score_detailed(solution_str, ground_truth, require_think=require_think, timeout_s=timeout_s).score
 
 
 def math_score_batch_detailed(

@@ -158,16 +158,23 @@ class SandboxConfig:
             if not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {v!r}")
         if isinstance(self.uid_base, bool) or not isinstance(self.uid_base, int) or self.uid_base < 10000:
-            raise ValueError(f"SandboxConfig.uid_base must be an int >= 10000 (never a real account), "
-                             f"got {self.uid_base!r}")
+            raise ValueError(
+                f"SandboxConfig.uid_base must be an int >= 10000 (never a real account), got {self.uid_base!r}"
+            )
         if isinstance(self.uid_slots, bool) or not isinstance(self.uid_slots, int) or not 1 <= self.uid_slots <= 65536:
             raise ValueError(f"SandboxConfig.uid_slots must be an int in [1, 65536], got {self.uid_slots!r}")
         if self.uid_base + self.uid_slots > 2**31 - 2:
             raise ValueError("SandboxConfig.uid_base + uid_slots is beyond the uid range")
         if self.isolation not in ("auto", "bwrap", "native"):
             raise ValueError(f"SandboxConfig.isolation must be 'auto', 'bwrap' or 'native', got {self.isolation!r}")
-        for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "max_output_bytes",
-                     "scratch_bytes"):
+        for name in (
+            "memory_bytes",
+            "max_processes",
+            "max_file_bytes",
+            "max_open_files",
+            "max_output_bytes",
+            "scratch_bytes",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"SandboxConfig.{name} must be a positive int, got {v!r}")
@@ -226,7 +233,7 @@ def _remove_stale_dirs(root: Path) -> None:
     for pattern, prefix in (("run-pid*", "run-pid"), (".root-*", ".root-")):
         for e in root.glob(pattern):
             try:
-                pid = int(e.name[len(prefix):])
+                pid = int(e.name[len(prefix) :])
             except ValueError:
                 continue
             try:
@@ -408,16 +415,30 @@ class _Zygote:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = parent
         root = _sandbox_root()
-        cmd = [sys.executable, "-I", "-B", str(_ZYGOTE), str(child.fileno()), str(root), mode, str(scratch_bytes),
-               ",".join(map(str, cgroup_fds))]
+        cmd = [
+            sys.executable,
+            "-I",
+            "-B",
+            str(_ZYGOTE),
+            str(child.fileno()),
+            str(root),
+            mode,
+            str(scratch_bytes),
+            ",".join(map(str, cgroup_fds)),
+        ]
         if mode == "bwrap":
             cmd = _bwrap_command(root) + cmd
         self.mode = mode
         # The zygote's memory is inherited by every child: give it no secrets (no API keys in env).
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         self.proc = subprocess.Popen(
-            cmd, env=env, pass_fds=[child.fileno(), *cgroup_fds], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE if mode == "bwrap" else None, close_fds=True,
+            cmd,
+            env=env,
+            pass_fds=[child.fileno(), *cgroup_fds],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE if mode == "bwrap" else None,
+            close_fds=True,
         )
         child.close()
         self.pid_owner = os.getpid()
@@ -504,8 +525,12 @@ def _warn_missing_packages(packages: tuple[str, ...] | None) -> None:
         key = f"missing package {name}"
         if key not in _WARNED and find_spec(name) is None:
             _WARNED.add(key)
-            logger.warning("klear sandbox: allowed package %r is not installed in %s; programs that import it "
-                           "fail (install it, or drop it from SandboxConfig.allowed_packages)", name, sys.executable)
+            logger.warning(
+                "klear sandbox: allowed package %r is not installed in %s; programs that import it "
+                "fail (install it, or drop it from SandboxConfig.allowed_packages)",
+                name,
+                sys.executable,
+            )
 
 
 class Sandbox:
@@ -523,9 +548,15 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self.is_root = os.geteuid() == 0
         self._slot = _UidSlot(self.config) if self.is_root else None
-        self._cgroup = (_Cgroup(f"klear-sandbox-{self._slot.uid}",
-                                self.config.memory_bytes + self.config.scratch_bytes + (64 << 20),
-                                self.config.max_processes + 4) if self._slot else None)
+        self._cgroup = (
+            _Cgroup(
+                f"klear-sandbox-{self._slot.uid}",
+                self.config.memory_bytes + self.config.scratch_bytes + (64 << 20),
+                self.config.max_processes + 4,
+            )
+            if self._slot
+            else None
+        )
         self._zygote: _Zygote | None = None
         self._workdir: Path | None = None
         _remove_stale_dirs(_sandbox_root())
@@ -573,9 +604,14 @@ class Sandbox:
             self._zygote = z
             weak = [n for n in z.hello.get("notes", []) if "NOT" in n]
             if not self.is_root:
-                weak.append("not root: programs run with the caller's uid" + (
-                    " (bubblewrap: read-only file system, but readable files are readable)" if z.mode == "bwrap"
-                    else " (files and processes not separated; install bubblewrap)"))
+                weak.append(
+                    "not root: programs run with the caller's uid"
+                    + (
+                        " (bubblewrap: read-only file system, but readable files are readable)"
+                        if z.mode == "bwrap"
+                        else " (files and processes not separated; install bubblewrap)"
+                    )
+                )
             for w in weak:
                 if w not in _WARNED:
                     _WARNED.add(w)
@@ -671,8 +707,15 @@ class Sandbox:
     def _env(self, workdir: Path) -> dict:
         return dict(_ENV_BASE, HOME=str(workdir), TMPDIR=str(workdir))
 
-    def spawn(self, mode: str, workdir: Path, program: Path, fds: list[int], prefix: Path | None = None,
-              setup: Path | None = None) -> int:
+    def spawn(
+        self,
+        mode: str,
+        workdir: Path,
+        program: Path,
+        fds: list[int],
+        prefix: Path | None = None,
+        setup: Path | None = None,
+    ) -> int:
         """Fork a confined child running *program* with *fds* as its descriptors 0.. (parent's copies
         are not closed here). Returns the child's pid (also its process group id)."""
         z = self._ensure()
@@ -685,9 +728,16 @@ class Sandbox:
             return str(p)
 
         req = {
-            "op": protocol.OP_SPAWN, "mode": mode, "workdir": str(workdir), "program": view(program),
-            "prefix": view(prefix), "setup": view(setup),
-            "uid": self.uid, "gid": self.uid, "limits": self._limits(), "env": self._env(workdir),
+            "op": protocol.OP_SPAWN,
+            "mode": mode,
+            "workdir": str(workdir),
+            "program": view(program),
+            "prefix": view(prefix),
+            "setup": view(setup),
+            "uid": self.uid,
+            "gid": self.uid,
+            "limits": self._limits(),
+            "env": self._env(workdir),
             "recursion_limit": self.config.recursion_limit,
             "allowed_packages": None if self.config.allowed_packages is None else list(self.config.allowed_packages),
         }
@@ -823,8 +873,9 @@ class Sandbox:
         return RunResult("ok" if code == 0 else "runtime_error", bytes(out), bytes(err), exit_code=code, wall_s=wall)
 
     # ------------------------------------------------------------------ rpc runs
-    def start_rpc(self, workdir: Path, program: Path, prefix: Path | None = None,
-                  setup: Path | None = None) -> RpcChannel:
+    def start_rpc(
+        self, workdir: Path, program: Path, prefix: Path | None = None, setup: Path | None = None
+    ) -> RpcChannel:
         """Start *program* (after the trusted *prefix*, followed by *setup*) in rpc mode: it loads,
         reports the names it defines, then executes calls sent over a pipe. stdout/stderr go to
         ``/dev/null``."""
@@ -834,8 +885,14 @@ class Sandbox:
         null_out = os.open(os.devnull, os.O_WRONLY)
         try:
             # the child's descriptors 0..4: stdio, then protocol.REQUEST_FD and protocol.REPLY_FD
-            pid = self.spawn(protocol.MODE_RPC, workdir, program, [null_in, null_out, null_out, req_r, rep_w],
-                             prefix=prefix, setup=setup)
+            pid = self.spawn(
+                protocol.MODE_RPC,
+                workdir,
+                program,
+                [null_in, null_out, null_out, req_r, rep_w],
+                prefix=prefix,
+                setup=setup,
+            )
         finally:
             for fd in (req_r, rep_w, null_in, null_out):
                 os.close(fd)

@@ -173,8 +173,9 @@ TAG = "$t"
 #: Ints with ``abs(v) < JSON_INT_LIMIT`` are JSON numbers; larger ones are tagged ``int``.
 JSON_INT_LIMIT = 1 << 53
 
-_TAGS_BOTH = frozenset({"int", "float", "tuple", "set", "frozenset", "dict", "bytes", "complex", "range",
-                        "obj", "ref", "handle"})
+_TAGS_BOTH = frozenset(
+    {"int", "float", "tuple", "set", "frozenset", "dict", "bytes", "complex", "range", "obj", "ref", "handle"}
+)
 #: Tags the trusted side sends (call arguments).
 TAGS_TO_PROGRAM = _TAGS_BOTH | {"global"}
 #: Tags the program sends (results).

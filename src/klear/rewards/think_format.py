@@ -49,4 +49,4 @@ def answer_region(response: str, *, require_think: bool = False) -> tuple[str | 
         return None, "unclosed_think"
     if n_close > 1 or n_open > 1:
         return None, "multiple_think"
-    return response[close_idx + len(THINK_CLOSE):], None
+    return response[close_idx + len(THINK_CLOSE) :], None

@@ -69,8 +69,7 @@ def _group_index(group_ids: GroupIds, n: int, device: torch.device) -> tuple[tor
     is_sized_iterable = hasattr(group_ids, "__len__") and hasattr(group_ids, "__iter__")
     if isinstance(group_ids, (str, bytes)) or not is_sized_iterable:
         raise TypeError(
-            f"group_ids must be an integer tensor or a sequence of hashable prompt ids, "
-            f"got {type(group_ids).__name__}"
+            f"group_ids must be an integer tensor or a sequence of hashable prompt ids, got {type(group_ids).__name__}"
         )
     ids = list(group_ids)
     if len(ids) != n:

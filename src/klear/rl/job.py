@@ -32,8 +32,17 @@ logger = logging.getLogger(__name__)
 _TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "reward", "trainer_impl"}
 # trainer_impl: "klear" (GPPOTrainer) or "trl_grpo" (plain TRL GRPOTrainer, klear.rl.trl_peer)
 TRAINER_IMPLS = ("klear", "trl_grpo")
-_DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "data_source", "instruction", "system_prompt",
-              "few_shot"}
+_DATA_KEYS = {
+    "train",
+    "heldout",
+    "tasks",
+    "train_size",
+    "heldout_size",
+    "data_source",
+    "instruction",
+    "system_prompt",
+    "few_shot",
+}
 # scorer options passed to klear.rewards.compute_scores (math reads require_think and timeout_s;
 # code reads all of them)
 _REWARD_KEYS = {"reward_mode", "require_think", "time_limit_s", "timeout_s", "stop_on_first_failure"}
@@ -71,9 +80,13 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     for key in ("train_size", "heldout_size"):
         if key in config["data"]:
             _int(f"data.{key}", config["data"][key], 0 if key == "heldout_size" else 1)
-    for key, minimum in (("num_generations", 2), ("per_device_train_batch_size", 1),
-                         ("gradient_accumulation_steps", 1), ("steps_per_generation", 1),
-                         ("max_completion_length", 1)):
+    for key, minimum in (
+        ("num_generations", 2),
+        ("per_device_train_batch_size", 1),
+        ("gradient_accumulation_steps", 1),
+        ("steps_per_generation", 1),
+        ("max_completion_length", 1),
+    ):
         if config["trainer"].get(key) is not None:
             _int(f"trainer.{key}", config["trainer"][key], minimum)
     impl = config.get("trainer_impl", "klear")
@@ -92,8 +105,10 @@ def _build_datasets(data: dict[str, Any], seed: int):
 
     train_src, heldout_src = data.get("train", "reasoning_gym"), data.get("heldout")
     if heldout_src == "humaneval" and train_src != "humaneval":
-        raise ValueError("data.heldout=humaneval is a split of data.train=humaneval; with your own training file "
-                         "set data.heldout to a file of held-out problems or to none")
+        raise ValueError(
+            "data.heldout=humaneval is a split of data.train=humaneval; with your own training file "
+            "set data.heldout to a file of held-out problems or to none"
+        )
     if train_src == "humaneval":
         from klear.data.code_data import make_humaneval_datasets
 
@@ -101,8 +116,11 @@ def _build_datasets(data: dict[str, Any], seed: int):
         if heldout_src not in (None, "", "none", "humaneval"):
             raise ValueError("data.train=humaneval takes data.heldout=humaneval (a disjoint split) or none")
         train, heldout = make_humaneval_datasets(
-            int(data.get("train_size", 32)), int(data.get("heldout_size", 0)) if heldout_src else 0,
-            seed=seed, **he_kwargs)
+            int(data.get("train_size", 32)),
+            int(data.get("heldout_size", 0)) if heldout_src else 0,
+            seed=seed,
+            **he_kwargs,
+        )
         return train, heldout
     rg_kwargs = {k: data[k] for k in ("instruction", "data_source", "system_prompt", "few_shot") if k in data}
     if train_src == "reasoning_gym":
@@ -110,8 +128,11 @@ def _build_datasets(data: dict[str, Any], seed: int):
             raise ValueError("data.train=reasoning_gym needs data.tasks (a list of {name, config, weight})")
         if heldout_src == "reasoning_gym":
             return make_train_and_heldout(
-                data["tasks"], train_size=int(data["train_size"]), heldout_size=int(data["heldout_size"]),
-                seed=seed, **rg_kwargs,
+                data["tasks"],
+                train_size=int(data["train_size"]),
+                heldout_size=int(data["heldout_size"]),
+                seed=seed,
+                **rg_kwargs,
             )
         train = make_reasoning_gym_dataset(data["tasks"], size=int(data["train_size"]), seed=seed, **rg_kwargs)
     else:
@@ -121,8 +142,12 @@ def _build_datasets(data: dict[str, Any], seed: int):
     elif heldout_src == "reasoning_gym":
         exclude = set(_question_texts(train))
         heldout = make_reasoning_gym_dataset(
-            data["tasks"], size=int(data["heldout_size"]), seed=seed + 1, split="test",
-            exclude_questions=exclude, **rg_kwargs,
+            data["tasks"],
+            size=int(data["heldout_size"]),
+            seed=seed + 1,
+            split="test",
+            exclude_questions=exclude,
+            **rg_kwargs,
         )
     else:
         heldout = load_rl_dataset(heldout_src)
@@ -133,8 +158,9 @@ def _question_texts(dataset) -> list[str]:
     return [p[-1]["content"] for p in dataset["prompt"]]
 
 
-def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str = False,
-           callbacks: list | None = None) -> dict[str, Any]:
+def run_rl(
+    config: dict[str, Any], *, source: str = "config", resume: bool | str = False, callbacks: list | None = None
+) -> dict[str, Any]:
     """Run the RL job described by ``config`` (see the module docstring). Returns the ``eval.json`` content.
 
     Args:
@@ -181,16 +207,27 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
     eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
     do_eval = heldout is not None and eval_cfg["enabled"]
     if context:
-        check_prompt_context(tokenizer, train, budget=args.max_completion_length,
-                             budget_name="trainer.max_completion_length", context=context,
-                             where=f"data.train={config['data'].get('train', 'reasoning_gym')}",
-                             chat_template_kwargs=args.chat_template_kwargs)
+        check_prompt_context(
+            tokenizer,
+            train,
+            budget=args.max_completion_length,
+            budget_name="trainer.max_completion_length",
+            context=context,
+            where=f"data.train={config['data'].get('train', 'reasoning_gym')}",
+            chat_template_kwargs=args.chat_template_kwargs,
+        )
         if do_eval:
-            check_prompt_context(tokenizer, heldout, budget=eval_cfg["max_new_tokens"],
-                                 budget_name="eval.max_new_tokens", context=context,
-                                 where=f"data.heldout={config['data'].get('heldout')}")
-    logger.info("data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0,
-                time.time() - t0)
+            check_prompt_context(
+                tokenizer,
+                heldout,
+                budget=eval_cfg["max_new_tokens"],
+                budget_name="eval.max_new_tokens",
+                context=context,
+                where=f"data.heldout={config['data'].get('heldout')}",
+            )
+    logger.info(
+        "data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0, time.time() - t0
+    )
     run_dir = start_run(out, config, setup.trainer_cfg, setup.precision, stage="rl", resumed=bool(setup.resume))
     torch.manual_seed(seed)
 
@@ -204,14 +241,18 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
             callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *(callbacks or [])],
         )
         model = trainer.accelerator.unwrap_model(trainer.model)
-        curve = HeldoutCurveCallback(out, lambda path: heldout_eval(model, tokenizer, heldout, eval_cfg, path=path,
-                                                                   reuse=False), eval_cfg.get("every_steps"))
+        curve = HeldoutCurveCallback(
+            out,
+            lambda path: heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=False),
+            eval_cfg.get("every_steps"),
+        )
         if do_eval:
             trainer.add_callback(curve)
         before: dict[str, Any] | None = None
         if do_eval:
-            before = heldout_eval(model, tokenizer, heldout, eval_cfg, path=out / "eval_before.json",
-                                  reuse=bool(setup.resume))
+            before = heldout_eval(
+                model, tokenizer, heldout, eval_cfg, path=out / "eval_before.json", reuse=bool(setup.resume)
+            )
             print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
             curve.record(0, before)
 
@@ -223,10 +264,12 @@ def run_rl(config: dict[str, Any], *, source: str = "config", resume: bool | str
         after = heldout_eval(model, tokenizer, heldout, eval_cfg, path=out / "eval_after.json", reuse=False)
         curve.record(trainer.state.global_step, after)
         report.update(paired_difference(before["correct"], after["correct"]))
-        report.update(samples_per_problem=after.get("samples_per_problem", 1),
-                      temperature=after.get("temperature", 0.0))
-    finish_run(setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None,
-               panels=RL_PANELS)
+        report.update(
+            samples_per_problem=after.get("samples_per_problem", 1), temperature=after.get("temperature", 0.0)
+        )
+    finish_run(
+        setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None, panels=RL_PANELS
+    )
     return report
 
 

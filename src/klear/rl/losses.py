@@ -158,8 +158,12 @@ LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mea
 LOG_RATIO_CLAMP: float = 20.0
 #: How a metric of :func:`compute_policy_loss` combines over processes / micro-batches
 #: (``"max"`` or ``"min"``); every metric not listed is averaged.
-METRIC_REDUCTIONS: dict[str, str] = {"ratio_max": "max", "ratio_min": "min", "entropy_ratio_max": "max",
-                                     "entropy_ratio_min": "min"}
+METRIC_REDUCTIONS: dict[str, str] = {
+    "ratio_max": "max",
+    "ratio_min": "min",
+    "entropy_ratio_max": "max",
+    "entropy_ratio_min": "min",
+}
 #: Added to both entropies of the ERC ratio ``rho = (H + eps) / (H_old + eps)`` (the authors' value).
 ERC_ENTROPY_EPS: float = 1e-8
 
@@ -177,8 +181,9 @@ def _check_float_tensor(name: str, t: object) -> torch.Tensor:
     return t
 
 
-def _check_scalar(name: str, value: object, *, min_value: float, min_inclusive: bool = True,
-                  max_value: float | None = None) -> float:
+def _check_scalar(
+    name: str, value: object, *, min_value: float, min_inclusive: bool = True, max_value: float | None = None
+) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number, got {value!r}")
     v = float(value)
@@ -197,9 +202,7 @@ def _as_bool_mask(name: str, mask: object, shape: tuple[int, ...], shape_desc: s
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
     if tuple(mask.shape) != tuple(shape):
-        raise ValueError(
-            f"{name} must have shape {shape_desc} = {tuple(shape)}, got {tuple(mask.shape)}"
-        )
+        raise ValueError(f"{name} must have shape {shape_desc} = {tuple(shape)}, got {tuple(mask.shape)}")
     if mask.dtype == torch.bool:
         return mask
     if mask.is_complex():
@@ -209,8 +212,7 @@ def _as_bool_mask(name: str, mask: object, shape: tuple[int, ...], shape_desc: s
     return mask != 0
 
 
-def _resolve_count(name: str, value: Count | None, local_count: torch.Tensor,
-                   what: str) -> float | None:
+def _resolve_count(name: str, value: Count | None, local_count: torch.Tensor, what: str) -> float | None:
     """Validate an explicit divisor (``num_tokens``, ``num_seqs``) against this batch's own count.
 
     Returns the divisor as a python float (1.0 when it is 0 and there is nothing to
@@ -360,9 +362,7 @@ class LossSettings:
         if not isinstance(self.loss_mode, str) or self.loss_mode not in LOSS_REGISTRY:
             raise ValueError(f"unknown loss_mode {self.loss_mode!r}; valid modes: {', '.join(LOSS_REGISTRY)}")
         if not isinstance(self.loss_agg_mode, str) or self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(
-                f"unknown loss_agg_mode {self.loss_agg_mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}"
-            )
+            raise ValueError(f"unknown loss_agg_mode {self.loss_agg_mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}")
         checked = {
             "clip_ratio_low": _check_scalar("clip_ratio_low", self.clip_ratio_low, min_value=0.0, max_value=1.0),
             "clip_ratio_high": _check_scalar("clip_ratio_high", self.clip_ratio_high, min_value=0.0),
@@ -374,14 +374,17 @@ class LossSettings:
             "alpha": _check_scalar("alpha", self.alpha, min_value=0.0),
         }
         if self.clip_ratio_c is not None:
-            checked["clip_ratio_c"] = _check_scalar("clip_ratio_c", self.clip_ratio_c, min_value=1.0,
-                                                    min_inclusive=False)
+            checked["clip_ratio_c"] = _check_scalar(
+                "clip_ratio_c", self.clip_ratio_c, min_value=1.0, min_inclusive=False
+            )
         mode = LOSS_REGISTRY[self.loss_mode]
         for name, neutral in _MODE_SETTING_NEUTRAL.items():
             if checked[name] != neutral and name not in mode.settings:
                 users = ", ".join(repr(m.name) for m in LOSS_REGISTRY.values() if name in m.settings)
-                raise ValueError(f"{name} is only used by loss_mode {users}; got {name}={checked[name]} "
-                                 f"with loss_mode={self.loss_mode!r}")
+                raise ValueError(
+                    f"{name} is only used by loss_mode {users}; got {name}={checked[name]} "
+                    f"with loss_mode={self.loss_mode!r}"
+                )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
@@ -432,8 +435,7 @@ class LossInputs:
 # --------------------------------------------------------------------------- the loss modes
 
 
-def _clipped_surrogate(t: TokenTerms, high_grad: float | None = None,
-                       low_grad: float | None = None) -> TokenLoss:
+def _clipped_surrogate(t: TokenTerms, high_grad: float | None = None, low_grad: float | None = None) -> TokenLoss:
     """PPO's clipped surrogate ``-min(r*A, clip(r, lo, hi)*A)`` (Eq. 1, 5), optionally gradient-preserving.
 
     ``high_grad`` / ``low_grad``: ``F`` of the high-side (``r > hi``, ``A > 0``) / low-side (``r < lo``,
@@ -483,8 +485,9 @@ def _cispo(t: TokenTerms, s: LossSettings) -> TokenLoss:
     return TokenLoss(-weight * t.adv * lp_safe, clipped_high, clipped_low)
 
 
-def _mean_max_min(x: torch.Tensor, mask: torch.Tensor, acc: torch.dtype,
-                  empty: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _mean_max_min(
+    x: torch.Tensor, mask: torch.Tensor, acc: torch.dtype, empty: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean, max and min of ``x`` over the ``mask`` tokens in dtype ``acc`` (each ``empty`` when there is none)."""
     x = x.detach().to(acc)
     count = mask.sum()
@@ -512,8 +515,9 @@ def entropy_ratio(entropies: torch.Tensor, old_entropies: torch.Tensor) -> torch
     return (entropies.detach().to(acc) + ERC_ENTROPY_EPS) / (old_entropies.detach().to(acc) + ERC_ENTROPY_EPS)
 
 
-def _with_entropy_ratio_clip(base: Callable[[TokenTerms, LossSettings], TokenLoss]
-                             ) -> Callable[[TokenTerms, LossSettings], TokenLoss]:
+def _with_entropy_ratio_clip(
+    base: Callable[[TokenTerms, LossSettings], TokenLoss],
+) -> Callable[[TokenTerms, LossSettings], TokenLoss]:
     """``base`` + Entropy Ratio Clipping (arXiv 2512.05591): per-token loss ``l`` -> ``sg(l)`` where
     ``rho`` is outside ``(1 - erc_low, 1 + erc_high)``; the value and every divisor are unchanged."""
 
@@ -529,9 +533,14 @@ def _with_entropy_ratio_clip(base: Callable[[TokenTerms, LossSettings], TokenLos
             high = (t.mask & (rho >= 1.0 + s.erc_high)).sum().to(acc) / denom
             low = (t.mask & (rho <= 1.0 - s.erc_low)).sum().to(acc) / denom
             r_mean, r_max, r_min = _mean_max_min(rho, t.mask, acc, empty=1.0)
-            metrics = {"erc_frac_high": high, "erc_frac_low": low,
-                       "erc_frac": (t.mask & ~kept).sum().to(acc) / denom,
-                       "entropy_ratio_mean": r_mean, "entropy_ratio_max": r_max, "entropy_ratio_min": r_min}
+            metrics = {
+                "erc_frac_high": high,
+                "erc_frac_low": low,
+                "erc_frac": (t.mask & ~kept).sum().to(acc) / denom,
+                "entropy_ratio_mean": r_mean,
+                "entropy_ratio_max": r_max,
+                "entropy_ratio_min": r_min,
+            }
         return out._replace(per_token=per_tok, metrics=metrics)
 
     token_loss.__doc__ = f"``{base.__name__}`` plus Entropy Ratio Clipping (arXiv 2512.05591)."
@@ -544,10 +553,16 @@ _BUILTIN_MODES: tuple[LossMode, ...] = (
     LossMode("gppo", _gppo, settings=("beta1", "beta2")),
     LossMode("gppo_only_high", _gppo_only_high, settings=("beta2",)),
     LossMode("cispo", _cispo),
-    LossMode("ppo_erc", _with_entropy_ratio_clip(_ppo_clip), settings=_ERC, needs_entropies=True,
-             needs_old_entropies=True),
-    LossMode("gppo_erc", _with_entropy_ratio_clip(_gppo), settings=("beta1", "beta2") + _ERC,
-             needs_entropies=True, needs_old_entropies=True),
+    LossMode(
+        "ppo_erc", _with_entropy_ratio_clip(_ppo_clip), settings=_ERC, needs_entropies=True, needs_old_entropies=True
+    ),
+    LossMode(
+        "gppo_erc",
+        _with_entropy_ratio_clip(_gppo),
+        settings=("beta1", "beta2") + _ERC,
+        needs_entropies=True,
+        needs_old_entropies=True,
+    ),
 )
 #: ``loss_mode`` name -> :class:`LossMode`.
 LOSS_REGISTRY: dict[str, LossMode] = {m.name: m for m in _BUILTIN_MODES}
@@ -599,13 +614,27 @@ def _token_terms(inputs: LossInputs, settings: LossSettings) -> TokenTerms:
     # Zero the log-ratio at masked positions BEFORE exp (NaN safety), clamp for exp.
     log_ratio = torch.where(mask, lp - old_log_prob.to(dtype), 0.0)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return TokenTerms(mask=mask, log_prob=lp, adv=adv, log_ratio=log_ratio, ratio=ratio,
-                      lo=1.0 - settings.clip_ratio_low, hi=1.0 + settings.clip_ratio_high, **entropy)
+    return TokenTerms(
+        mask=mask,
+        log_prob=lp,
+        adv=adv,
+        log_ratio=log_ratio,
+        ratio=ratio,
+        lo=1.0 - settings.clip_ratio_low,
+        hi=1.0 + settings.clip_ratio_high,
+        **entropy,
+    )
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str, *,
-              num_tokens: Count | None = None, num_seqs: Count | None = None,
-              what: str = "unmasked tokens") -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    loss_agg_mode: str,
+    *,
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    what: str = "unmasked tokens",
+) -> torch.Tensor:
     """Reduce per-token losses to one loss (Eq. 7 token-mean, Eq. 3 seq-mean-token-mean, seq-mean-token-sum).
 
     Args:
@@ -642,8 +671,9 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str, *
     return total / divisor
 
 
-def _policy_metrics(t: TokenTerms, clipped_high: torch.Tensor, clipped_low: torch.Tensor, dual: torch.Tensor,
-                    acc: torch.dtype) -> dict[str, torch.Tensor]:
+def _policy_metrics(
+    t: TokenTerms, clipped_high: torch.Tensor, clipped_low: torch.Tensor, dual: torch.Tensor, acc: torch.dtype
+) -> dict[str, torch.Tensor]:
     """Detached 0-dim metrics over the unmasked tokens (see :func:`policy_loss`); no host sync."""
     with torch.no_grad():
         mask = t.mask
@@ -705,8 +735,7 @@ def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> tuple[tor
     else:
         dual = torch.zeros_like(t.mask)
     per_tok = torch.where(t.mask, per_tok, 0.0).to(acc)
-    loss = aggregate(per_tok, t.mask, settings.loss_agg_mode, num_tokens=inputs.num_tokens,
-                     num_seqs=inputs.num_seqs)
+    loss = aggregate(per_tok, t.mask, settings.loss_agg_mode, num_tokens=inputs.num_tokens, num_seqs=inputs.num_seqs)
     # The categories unclipped / high / low / dual are disjoint: a dual-capped token is not counted as clipped.
     metrics = _policy_metrics(t, t.mask & out.clipped_high & ~dual, t.mask & out.clipped_low & ~dual, dual, acc)
     if out.metrics is not None:
@@ -858,17 +887,31 @@ def policy_loss(
             token-mean; a count negative, or 0 while the batch has tokens; entropies a
             mode needs are missing.
     """
-    settings = LossSettings(loss_mode=loss_mode, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
-                            clip_ratio_c=clip_ratio_c, beta1=beta1, beta2=beta2, erc_low=erc_low,
-                            erc_high=erc_high, loss_agg_mode=loss_agg_mode)
+    settings = LossSettings(
+        loss_mode=loss_mode,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        beta1=beta1,
+        beta2=beta2,
+        erc_low=erc_low,
+        erc_high=erc_high,
+        loss_agg_mode=loss_agg_mode,
+    )
     if num_tokens is not None and settings.loss_agg_mode != "token-mean":
-        raise ValueError(
-            f"num_tokens only applies to loss_agg_mode='token-mean', got loss_agg_mode={loss_agg_mode!r}"
-        )
+        raise ValueError(f"num_tokens only applies to loss_agg_mode='token-mean', got loss_agg_mode={loss_agg_mode!r}")
     if num_seqs is not None and settings.loss_agg_mode == "token-mean":
         raise ValueError("num_seqs only applies to the seq-mean loss_agg_modes, got loss_agg_mode='token-mean'")
-    inputs = LossInputs(log_prob, old_log_prob, advantages, response_mask, entropies=entropies,
-                        old_entropies=old_entropies, num_tokens=num_tokens, num_seqs=num_seqs)
+    inputs = LossInputs(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        entropies=entropies,
+        old_entropies=old_entropies,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+    )
     return compute_policy_loss(inputs, settings)
 
 

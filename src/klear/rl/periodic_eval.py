@@ -67,8 +67,14 @@ class HeldoutCurveCallback(TrainerCallback):
 
         if not is_main_process():
             return
-        row = {"step": int(step), "train_s": self._train_s, "time": time.time(), "accuracy": result["accuracy"],
-               "n": result["n"], "correct": result["correct"]}
+        row = {
+            "step": int(step),
+            "train_s": self._train_s,
+            "time": time.time(),
+            "accuracy": result["accuracy"],
+            "n": result["n"],
+            "correct": result["correct"],
+        }
         kept = [r for r in self.rows() if r.get("step") != row["step"]]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(json.dumps(r) + "\n" for r in sorted([*kept, row], key=lambda r: r["step"])))

@@ -24,8 +24,9 @@ from klear.models.cache import cache_kwarg
 __all__ = ["grouped_prefill_generate"]
 
 
-def grouped_prefill_generate(model, generate: Callable, input_ids, attention_mask, *, group_size: int,
-                             generation_config=None, **kwargs: Any):
+def grouped_prefill_generate(
+    model, generate: Callable, input_ids, attention_mask, *, group_size: int, generation_config=None, **kwargs: Any
+):
     """``generate(input_ids, attention_mask, ...)`` with the prompt prefilled once per group of identical rows.
 
     Args:
@@ -47,22 +48,35 @@ def grouped_prefill_generate(model, generate: Callable, input_ids, attention_mas
     from transformers import DynamicCache
 
     n, length = input_ids.shape
-    plain = group_size < 2 or n % group_size or length < 2 or kwargs or (
-        generation_config is not None and getattr(generation_config, "cache_implementation", None))
+    plain = (
+        group_size < 2
+        or n % group_size
+        or length < 2
+        or kwargs
+        or (generation_config is not None and getattr(generation_config, "cache_implementation", None))
+    )
     if not plain:
         ids = input_ids.view(n // group_size, group_size, length)
         mask = attention_mask.view(n // group_size, group_size, length)
         plain = not (bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all()))
     if plain:
-        return generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                        **kwargs)
+        return generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
+        )
     uniq_ids, uniq_mask = ids[:, 0], mask[:, 0]
     # the positions generate uses for left-padded prompts (cumsum of the mask, 1 on padding)
     position_ids = (uniq_mask.long().cumsum(-1) - 1).masked_fill(uniq_mask == 0, 1)
     cache, cache_kw = DynamicCache(config=model.config), cache_kwarg(model.forward)
     with torch.no_grad():  # all but the last prompt token: generate starts from the uncached last one
-        model(input_ids=uniq_ids[:, :-1], attention_mask=uniq_mask[:, :-1], position_ids=position_ids[:, :-1],
-              use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+        model(
+            input_ids=uniq_ids[:, :-1],
+            attention_mask=uniq_mask[:, :-1],
+            position_ids=position_ids[:, :-1],
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kw: cache},
+        )
     cache.batch_repeat_interleave(group_size)
-    return generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                    **{cache_kw: cache})
+    return generate(
+        input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **{cache_kw: cache}
+    )

@@ -20,8 +20,9 @@ def _completion_text(completion: Any) -> str:
     raise TypeError(f"unsupported completion type {type(completion).__name__}; expected str or list of messages")
 
 
-def klear_reward(prompts, completions, data_source=None, reward_model=None, extra_info=None,
-                 _options: dict | None = None, **_: Any) -> list[float]:
+def klear_reward(
+    prompts, completions, data_source=None, reward_model=None, extra_info=None, _options: dict | None = None, **_: Any
+) -> list[float]:
     """Score a batch of rollouts with :func:`klear.rewards.compute_scores` (verl-style dispatch on ``data_source``).
 
     Args:
@@ -67,8 +68,9 @@ def make_klear_reward(**reward_kwargs: Any):
     if not reward_kwargs:
         return klear_reward
 
-    def klear_reward_with_options(prompts, completions, data_source=None, reward_model=None, extra_info=None,
-                                  **columns: Any) -> list[float]:
+    def klear_reward_with_options(
+        prompts, completions, data_source=None, reward_model=None, extra_info=None, **columns: Any
+    ) -> list[float]:
         return klear_reward(prompts, completions, data_source, reward_model, extra_info, _options=reward_kwargs)
 
     klear_reward_with_options.__name__ = "klear_reward"

@@ -122,11 +122,15 @@ class GPPOConfig(GRPOConfig):
     clip_ratio_c: float | None = field(default=10.0, metadata={"help": "Dual-clip bound c (> 1) for A < 0; None: off."})
     beta1: float = field(default=1.0, metadata={"help": "General GPPO low-side gradient scale (Eq. 17); gppo only."})
     beta2: float = field(
-        default=1.0, metadata={"help": "General GPPO high-side gradient scale (Eq. 17); gppo, gppo_only_high."})
-    erc_low: float = field(default=0.05, metadata={
-        "help": "ERC (arXiv 2512.05591): no gradient where H/H_old <= 1 - erc_low; ppo_erc, gppo_erc."})
-    erc_high: float = field(default=0.05, metadata={
-        "help": "ERC: no gradient where H/H_old >= 1 + erc_high; ppo_erc, gppo_erc."})
+        default=1.0, metadata={"help": "General GPPO high-side gradient scale (Eq. 17); gppo, gppo_only_high."}
+    )
+    erc_low: float = field(
+        default=0.05,
+        metadata={"help": "ERC (arXiv 2512.05591): no gradient where H/H_old <= 1 - erc_low; ppo_erc, gppo_erc."},
+    )
+    erc_high: float = field(
+        default=0.05, metadata={"help": "ERC: no gradient where H/H_old >= 1 + erc_high; ppo_erc, gppo_erc."}
+    )
     loss_agg_mode: str = field(default="token-mean", metadata={"help": f"One of {LOSS_AGG_MODES}."})
     alpha: float = field(default=0.1, metadata={"help": "Weight of the SFT loss on correct rollouts (Eq. 14)."})
     correct_reward: float = field(default=1.0, metadata={"help": "A response is correct when its reward reaches this."})
@@ -156,7 +160,10 @@ class GPPOConfig(GRPOConfig):
             "importance_sampling_level": (self.importance_sampling_level, "token", "GPPO is token-level"),
             "off_policy_mask_threshold": (self.off_policy_mask_threshold, None, "not part of the recipe"),
             "mask_truncated_completions": (
-                self.mask_truncated_completions, False, "use overlong_filter=True (decided by finish reason)"),
+                self.mask_truncated_completions,
+                False,
+                "use overlong_filter=True (decided by finish reason)",
+            ),
             "use_adaptive_entropy": (self.use_adaptive_entropy, False, "not part of the recipe"),
         }
         for name, (value, expected, why) in unsupported.items():
@@ -175,8 +182,10 @@ class GPPOConfig(GRPOConfig):
         self.loss_type = "dapo"  # only TRL-side bookkeeping; the loss is ours
         super().__post_init__()
         if isinstance(self.gradient_checkpointing_kwargs, str):  # JSON object text was parsed by TrainingArguments
-            raise ValueError(f"GPPOConfig.gradient_checkpointing_kwargs must be a dict or JSON object text, "
-                             f"got {self.gradient_checkpointing_kwargs!r}")
+            raise ValueError(
+                f"GPPOConfig.gradient_checkpointing_kwargs must be a dict or JSON object text, "
+                f"got {self.gradient_checkpointing_kwargs!r}"
+            )
         if self.steps_per_generation % self.gradient_accumulation_steps != 0:
             raise ValueError(
                 f"steps_per_generation ({self.steps_per_generation}) must be a multiple of gradient_accumulation_steps "
@@ -223,8 +232,9 @@ def _prompt_key(example: dict[str, Any], prompt: Any) -> str:
     return "sha1:" + hashlib.sha1(json.dumps(prompt, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def truncated_mask(completion_ids: torch.Tensor, completion_mask: torch.Tensor, max_completion_length: int,
-                   stop_token_ids: list[int]) -> torch.Tensor:
+def truncated_mask(
+    completion_ids: torch.Tensor, completion_mask: torch.Tensor, max_completion_length: int, stop_token_ids: list[int]
+) -> torch.Tensor:
     """Which responses were cut by the length limit (finish reason ``"length"``), as a ``(B,)`` bool tensor.
 
     A response is truncated when it holds ``max_completion_length`` tokens and its last token is not one of
@@ -246,12 +256,29 @@ def truncated_mask(completion_ids: torch.Tensor, completion_mask: torch.Tensor, 
 
 
 # Multimodal / token-type inputs TRL's log-prob function takes from a micro-batch (None for text models).
-_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
-                 "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
 
 # Per-response tensors whose second dimension is the completion length (trimmed together).
-_COMPLETION_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "sampling_per_token_logps",
-                    "ref_per_token_logps", "tool_mask", "importance_sampling_ratio")
+_COMPLETION_KEYS = (
+    "completion_ids",
+    "completion_mask",
+    "old_per_token_logps",
+    "sampling_per_token_logps",
+    "ref_per_token_logps",
+    "tool_mask",
+    "importance_sampling_ratio",
+)
 
 
 def drop_filtered_samples(micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -368,8 +395,13 @@ class GPPOTrainer(GRPOTrainer):
         (:func:`klear.rl.prefill.grouped_prefill_generate`); vLLM, continuous batching and multimodal inputs are
         TRL's unchanged."""
         args = (prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-        if (self.use_vllm or self.use_transformers_continuous_batching or images is not None or multimodal_fields
-                or num_generations < 2):
+        if (
+            self.use_vllm
+            or self.use_transformers_continuous_batching
+            or images is not None
+            or multimodal_fields
+            or num_generations < 2
+        ):
             return super()._generate_single_turn(*args)
         import functools
 
@@ -403,8 +435,9 @@ class GPPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ rollout side
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = self._timed("reward", super()._calculate_rewards, inputs, prompts, completions,
-                                       completion_ids_list)
+        rewards_per_func = self._timed(
+            "reward", super()._calculate_rewards, inputs, prompts, completions, completion_ids_list
+        )
         from accelerate.utils import gather_object
 
         group_ids = gather_object([_prompt_key(x, p) for x, p in zip(inputs, prompts, strict=True)])
@@ -504,8 +537,9 @@ class GPPOTrainer(GRPOTrainer):
         with torch.no_grad(), disable_gradient_checkpointing(policy, ckpt_kwargs):
             for mb in micro_batches:
                 if mb.get("old_per_token_logps") is None:
-                    log_prob, entropies = self._timed("old_log_prob", self._policy_log_probs, self.model, mb,
-                                                      compute_entropy=with_entropy)
+                    log_prob, entropies = self._timed(
+                        "old_log_prob", self._policy_log_probs, self.model, mb, compute_entropy=with_entropy
+                    )
                     mb["old_per_token_logps"] = log_prob
                     if with_entropy:
                         mb["klear_old_entropies"] = entropies

@@ -37,8 +37,14 @@ ADV_STD_CHOICES = ("sample", "population")
 
 # GPPO-only settings with the value that makes them plain TRL (None: the setting must be absent or at
 # GPPOConfig's default); clip_ratio_low/high are mapped to TRL's epsilon/epsilon_high instead.
-_MUST_BE = {"loss_mode": "ppo_clip", "loss_agg_mode": "token-mean", "clip_ratio_c": None, "alpha": 0,
-            "filter_zero_adv_groups": False, "overlong_filter": False}
+_MUST_BE = {
+    "loss_mode": "ppo_clip",
+    "loss_agg_mode": "token-mean",
+    "clip_ratio_c": None,
+    "alpha": 0,
+    "filter_zero_adv_groups": False,
+    "overlong_filter": False,
+}
 _MAPPED = {"clip_ratio_low": "epsilon", "clip_ratio_high": "epsilon_high"}
 
 
@@ -56,16 +62,20 @@ class TRLPeerConfig(GRPOConfig):
     epsilon: float = 0.2
     epsilon_high: float | None = 0.28
     beta: float = 0.0
-    adv_std: str = dataclasses.field(default="sample", metadata={
-        "help": "'sample': TRL's group std (ddof 1); 'population': rescaled to klear's Eq. 4 (ddof 0)."})
+    adv_std: str = dataclasses.field(
+        default="sample",
+        metadata={"help": "'sample': TRL's group std (ddof 1); 'population': rescaled to klear's Eq. 4 (ddof 0)."},
+    )
 
     def __post_init__(self):
         if self.adv_std not in ADV_STD_CHOICES:
             raise ValueError(f"adv_std={self.adv_std!r} must be one of {ADV_STD_CHOICES}")
         super().__post_init__()
         if self.adv_std == "population" and self.scale_rewards != "group":
-            raise ValueError(f"adv_std='population' rescales TRL's per-group std; scale_rewards={self.scale_rewards!r} "
-                             "must be 'group'")
+            raise ValueError(
+                f"adv_std='population' rescales TRL's per-group std; scale_rewards={self.scale_rewards!r} "
+                "must be 'group'"
+            )
 
 
 class TRLPeerTrainer(GRPOTrainer):
@@ -103,19 +113,25 @@ def peer_trainer_section(trainer: dict[str, Any], source: str) -> dict[str, Any]
         if key in _MAPPED:
             target = _MAPPED[key]
             if target in trainer and trainer[target] != value:
-                raise ValueError(f"{source}: trainer.{key}={value!r} and trainer.{target}={trainer[target]!r} "
-                                 f"disagree (trainer_impl trl_grpo maps {key} to TRL's {target}); set one")
+                raise ValueError(
+                    f"{source}: trainer.{key}={value!r} and trainer.{target}={trainer[target]!r} "
+                    f"disagree (trainer_impl trl_grpo maps {key} to TRL's {target}); set one"
+                )
             out[target] = value
         elif key in _MUST_BE:
             if value != _MUST_BE[key] or isinstance(value, bool) != isinstance(_MUST_BE[key], bool):
-                raise ValueError(f"{source}: trainer.{key}={value!r} is a GPPO setting plain TRL GRPO does not have; "
-                                 f"with trainer_impl trl_grpo set it to {_MUST_BE[key]!r} or remove it")
+                raise ValueError(
+                    f"{source}: trainer.{key}={value!r} is a GPPO setting plain TRL GRPO does not have; "
+                    f"with trainer_impl trl_grpo set it to {_MUST_BE[key]!r} or remove it"
+                )
         elif key not in trl_fields:
             if key in gppo_defaults and value == gppo_defaults[key]:
                 continue
             if key in gppo_defaults:
-                raise ValueError(f"{source}: trainer.{key}={value!r} is a GPPO setting plain TRL GRPO does not have; "
-                                 f"with trainer_impl trl_grpo remove it (default {gppo_defaults[key]!r})")
+                raise ValueError(
+                    f"{source}: trainer.{key}={value!r} is a GPPO setting plain TRL GRPO does not have; "
+                    f"with trainer_impl trl_grpo remove it (default {gppo_defaults[key]!r})"
+                )
             out[key] = value  # an unknown key: check_trainer_section names it
         elif key not in out:
             out[key] = value

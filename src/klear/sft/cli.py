@@ -20,7 +20,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "sft",
         help="long chain-of-thought SFT (default recipe: the tiny CPU demo with the procedural teacher)",
         description="Supervised fine-tuning on long-CoT responses (loss on the response tokens only). "
-                    "Overrides use dotted keys, e.g. trainer.learning_rate=8e-5 data.train=sft.jsonl",
+        "Overrides use dotted keys, e.g. trainer.learning_rate=8e-5 data.train=sft.jsonl",
     )
     add_run_arguments(p, default_recipe="sft_demo", recipes="sft_demo, sft_klear")
     p.set_defaults(func=_sft)

@@ -58,11 +58,15 @@ def _row_to_example(where: str, rec: Any) -> dict:
         messages = check_messages(where, "messages", rec["messages"])
         last = messages[-1]
         if last["role"] != "assistant":
-            raise ValueError(f"{where}: field 'messages[{len(messages) - 1}].role' is {last['role']!r} (expected "
-                             f"the last message to be the assistant response that is trained)")
+            raise ValueError(
+                f"{where}: field 'messages[{len(messages) - 1}].role' is {last['role']!r} (expected "
+                f"the last message to be the assistant response that is trained)"
+            )
         if len(messages) < 2:
-            raise ValueError(f"{where}: field 'messages' holds only the assistant response (expected at least one "
-                             f"user message before it)")
+            raise ValueError(
+                f"{where}: field 'messages' holds only the assistant response (expected at least one "
+                f"user message before it)"
+            )
         prompt, response = messages[:-1], last["content"]
         response_field = f"messages[{len(messages) - 1}].content"
     elif rec.get("prompt") is not None:
@@ -83,12 +87,14 @@ def _row_to_example(where: str, rec: Any) -> dict:
                 raise ValueError(f"{where}: field '{key}' must be one assistant message, got {short_repr(response)}")
             response = msgs[0]["content"]
         if not isinstance(response, str):
-            raise ValueError(f"{where}: field '{key}' is {type(response).__name__} {short_repr(response)} "
-                             f"(expected a string)")
+            raise ValueError(
+                f"{where}: field '{key}' is {type(response).__name__} {short_repr(response)} (expected a string)"
+            )
         response_field = key
     else:
-        raise ValueError(f"{where}: no 'messages' and no 'prompt' field (expected a chat 'messages' list, or "
-                         f"'prompt' + 'response')")
+        raise ValueError(
+            f"{where}: no 'messages' and no 'prompt' field (expected a chat 'messages' list, or 'prompt' + 'response')"
+        )
     if not response.strip():
         raise ValueError(f"{where}: field '{response_field}' is empty (expected the response text)")
 
@@ -105,11 +111,16 @@ def _row_to_example(where: str, rec: Any) -> dict:
         raise ValueError(f"{where}: field 'data_source' is {short_repr(data_source)} (expected a non-empty string)")
     difficulty = rec.get("difficulty")
     if difficulty is not None and difficulty not in DIFFICULTY_LABELS:
-        raise ValueError(f"{where}: field 'difficulty' is {short_repr(difficulty)} (expected one of "
-                         f"{DIFFICULTY_LABELS})")
+        raise ValueError(
+            f"{where}: field 'difficulty' is {short_repr(difficulty)} (expected one of {DIFFICULTY_LABELS})"
+        )
     pass_rate = rec.get("pass_rate")
-    if pass_rate is not None and (isinstance(pass_rate, bool) or not isinstance(pass_rate, (int, float))
-                                  or not (0.0 <= float(pass_rate) <= 1.0) or math.isnan(float(pass_rate))):
+    if pass_rate is not None and (
+        isinstance(pass_rate, bool)
+        or not isinstance(pass_rate, (int, float))
+        or not (0.0 <= float(pass_rate) <= 1.0)
+        or math.isnan(float(pass_rate))
+    ):
         raise ValueError(f"{where}: field 'pass_rate' is {short_repr(pass_rate)} (expected a number in [0, 1])")
     return {
         "prompt": prompt,
@@ -148,8 +159,8 @@ def load_sft_file(path: str | os.PathLike):
 
 # --------------------------------------------------------------------------- filtering
 
-def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0.5,
-                       max_workers: int | None = None):
+
+def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0.5, max_workers: int | None = None):
     """Correctness filtering by difficulty (paper Sec. 5.1.1, Table 2; the rule is :mod:`klear.data.difficulty`).
 
     A response is correct by :func:`klear.rewards.correctness.is_correct` on the reward of
@@ -184,8 +195,15 @@ def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0
     if not 0.0 <= float(easy_pass_rate) <= 1.0:
         raise ValueError(f"easy_pass_rate must be in [0, 1], got {easy_pass_rate!r}")
     n = len(dataset)
-    stats: dict[str, Any] = {"mode": mode, "n_in": n, "n_out": n, "removed_wrong": 0, "n_easy": 0, "n_hard": 0,
-                             "n_correct": 0}
+    stats: dict[str, Any] = {
+        "mode": mode,
+        "n_in": n,
+        "n_out": n,
+        "removed_wrong": 0,
+        "n_easy": 0,
+        "n_hard": 0,
+        "n_correct": 0,
+    }
     if mode == "none":
         return dataset, stats
     rows = dataset.to_list()
@@ -196,14 +214,17 @@ def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0
         for i, row in enumerate(rows):
             if row.get("difficulty") is not None:
                 if row["difficulty"] not in DIFFICULTY_LABELS:
-                    raise ValueError(f"row {i}: field 'difficulty' is {row['difficulty']!r} (expected one of "
-                                     f"{DIFFICULTY_LABELS})")
+                    raise ValueError(
+                        f"row {i}: field 'difficulty' is {row['difficulty']!r} (expected one of {DIFFICULTY_LABELS})"
+                    )
                 labels.append(row["difficulty"])
             elif row.get("pass_rate") is not None:
                 labels.append(difficulty_label(float(row["pass_rate"]), easy_pass_rate, easy_pass_rate))
             else:
-                raise ValueError(f"row {i}: filter 'by_difficulty' needs field 'difficulty' ('easy'/'medium'/'hard') "
-                                 f"or 'pass_rate' (a number in [0, 1])")
+                raise ValueError(
+                    f"row {i}: filter 'by_difficulty' needs field 'difficulty' ('easy'/'medium'/'hard') "
+                    f"or 'pass_rate' (a number in [0, 1])"
+                )
         stats["n_hard"] = sum(lab in MIXED_FOR for lab in labels)
         stats["n_easy"] = n - stats["n_hard"]
     to_score = [i for i in range(n) if labels[i] not in MIXED_FOR]
@@ -233,6 +254,7 @@ def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0
 
 
 # --------------------------------------------------------------------------- teacher set
+
 
 def make_teacher_sft_dataset(
     tasks: Sequence[Mapping[str, Any]],
@@ -278,19 +300,22 @@ def make_teacher_sft_dataset(
     kwargs: dict[str, Any] = {"few_shot": None, "system_prompt": system_prompt, "data_source": data_source}
     if instruction is not None:
         kwargs["instruction"] = instruction
-    train, heldout = rl_data.make_train_and_heldout(tasks, train_size=train_size, heldout_size=heldout_size,
-                                                    seed=seed, **kwargs)
+    train, heldout = rl_data.make_train_and_heldout(
+        tasks, train_size=train_size, heldout_size=heldout_size, seed=seed, **kwargs
+    )
     entries = rl_data.regenerate_entries(tasks, seed, train["extra_info"])
     rows = []
     for row, (entry, gen) in zip(train, entries):
         info = row["extra_info"]
-        rows.append({
-            "prompt": row["prompt"],
-            "completion": [{"role": "assistant", "content": teacher_response(entry, dataset=gen)}],
-            "data_source": data_source,
-            "ground_truth": row["reward_model"]["ground_truth"],
-            "difficulty": None,
-            "pass_rate": None,
-            "task": info["task"],
-        })
+        rows.append(
+            {
+                "prompt": row["prompt"],
+                "completion": [{"role": "assistant", "content": teacher_response(entry, dataset=gen)}],
+                "data_source": data_source,
+                "ground_truth": row["reward_model"]["ground_truth"],
+                "difficulty": None,
+                "pass_rate": None,
+                "task": info["task"],
+            }
+        )
     return datasets.Dataset.from_list(rows), heldout

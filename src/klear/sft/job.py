@@ -46,8 +46,18 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer"}
-_DATA_KEYS = {"train", "heldout", "tasks", "train_size", "heldout_size", "system_prompt", "instruction",
-              "data_source", "filter", "easy_pass_rate"}
+_DATA_KEYS = {
+    "train",
+    "heldout",
+    "tasks",
+    "train_size",
+    "heldout_size",
+    "system_prompt",
+    "instruction",
+    "data_source",
+    "filter",
+    "easy_pass_rate",
+}
 
 __all__ = ["format_compliant", "format_report", "run_sft", "validate_sft_config"]
 
@@ -71,8 +81,10 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
     _check_keys(config["data"], _DATA_KEYS, "'data'", source)
     check_eval_section(config, source)
     if "every_steps" in (config.get("eval") or {}):
-        raise ValueError(f"{source}: eval.every_steps is a klear rl setting (held-out curves); klear sft evaluates "
-                         "before and after training only")
+        raise ValueError(
+            f"{source}: eval.every_steps is a klear rl setting (held-out curves); klear sft evaluates "
+            "before and after training only"
+        )
     check_trainer_section(config["trainer"], KlearSFTConfig, source)
     if "seed" in config:
         check_int(source, "seed", config["seed"], 0)
@@ -86,20 +98,31 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
     if "max_length" in trainer:  # null: no truncation; 0 would truncate every example to nothing
         check_int(source, "trainer.max_length", trainer["max_length"], 1, allow_none=True)
     warmup, steps = trainer.get("warmup_steps"), trainer.get("max_steps")
-    if (isinstance(warmup, int) and warmup >= 1 and isinstance(steps, int) and 0 < steps < warmup
-            and trainer.get("lr_floor") is not None):  # the warm-up + cosine-to-floor schedule needs W <= T
-        raise ValueError(f"{source}: trainer.warmup_steps={warmup} exceeds trainer.max_steps={steps}: lower "
-                         "warmup_steps (or give it as a fraction of the steps, e.g. 0.03)")
+    if (
+        isinstance(warmup, int)
+        and warmup >= 1
+        and isinstance(steps, int)
+        and 0 < steps < warmup
+        and trainer.get("lr_floor") is not None
+    ):  # the warm-up + cosine-to-floor schedule needs W <= T
+        raise ValueError(
+            f"{source}: trainer.warmup_steps={warmup} exceeds trainer.max_steps={steps}: lower "
+            "warmup_steps (or give it as a fraction of the steps, e.g. 0.03)"
+        )
     data = config["data"]
     train = data.get("train")
     if not isinstance(train, str) or not train:
         raise ValueError(f"{source}: data.train must be 'teacher' or the path of an SFT file, got {train!r}")
     if train == "teacher" or data.get("heldout") == "reasoning_gym":
-        for key in ("tasks",) + (("train_size",) if train == "teacher" else ()) + (
-                ("heldout_size",) if data.get("heldout") == "reasoning_gym" else ()):
+        for key in (
+            ("tasks",)
+            + (("train_size",) if train == "teacher" else ())
+            + (("heldout_size",) if data.get("heldout") == "reasoning_gym" else ())
+        ):
             if data.get(key) in (None, "", []):
-                raise ValueError(f"{source}: data.{key} is required with data.train=teacher / "
-                                 f"data.heldout=reasoning_gym")
+                raise ValueError(
+                    f"{source}: data.{key} is required with data.train=teacher / data.heldout=reasoning_gym"
+                )
     if data.get("filter", "none") not in ("none", "correct", "by_difficulty"):
         raise ValueError(f"{source}: data.filter={data.get('filter')!r} must be none, correct or by_difficulty")
 
@@ -115,17 +138,28 @@ def _build_datasets(data: dict[str, Any], seed: int):
     stats = None
     if data["train"] == "teacher":
         train, heldout = make_teacher_sft_dataset(
-            data["tasks"], train_size=int(data["train_size"]), heldout_size=int(data.get("heldout_size") or 2),
-            seed=seed, data_source=data_source, **prompt_kwargs)
+            data["tasks"],
+            train_size=int(data["train_size"]),
+            heldout_size=int(data.get("heldout_size") or 2),
+            seed=seed,
+            data_source=data_source,
+            **prompt_kwargs,
+        )
         if heldout_src != "reasoning_gym":
             heldout = None
     else:
         train = load_sft_file(data["train"])
         heldout = None
         if heldout_src == "reasoning_gym":
-            heldout = make_reasoning_gym_dataset(data["tasks"], size=int(data["heldout_size"]), seed=seed + 1,
-                                                 split="test", few_shot=None, data_source=data_source,
-                                                 **prompt_kwargs)
+            heldout = make_reasoning_gym_dataset(
+                data["tasks"],
+                size=int(data["heldout_size"]),
+                seed=seed + 1,
+                split="test",
+                few_shot=None,
+                data_source=data_source,
+                **prompt_kwargs,
+            )
     if data.get("filter", "none") != "none":
         train, stats = filter_sft_dataset(train, data["filter"], easy_pass_rate=float(data.get("easy_pass_rate", 0.5)))
     if heldout_src not in (None, "", "none", "reasoning_gym"):
@@ -159,12 +193,13 @@ def _heldout_eval(model, tokenizer, heldout, eval_cfg: dict, path: Path, *, reus
         completions, k = result["completions"], result["samples_per_problem"]
         ok = [format_compliant(c) for c in completions]
         # per problem, like ``correct``: a bool (greedy) or the fraction of its k samples (avg@k)
-        result["format_ok"] = ok if k == 1 else [sum(ok[i:i + k]) / k for i in range(0, len(ok), k)]
+        result["format_ok"] = ok if k == 1 else [sum(ok[i : i + k]) / k for i in range(0, len(ok), k)]
         m = max(1, len(completions))
         result["format_rate"] = sum(ok) / m
         result["think_closed_rate"] = sum("</think>" in c for c in completions) / m
-        result["mean_completion_tokens"] = sum(len(tokenizer(c, add_special_tokens=False)["input_ids"])
-                                               for c in completions) / m
+        result["mean_completion_tokens"] = (
+            sum(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions) / m
+        )
 
     return heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=reuse, annotate=annotate)
 
@@ -173,8 +208,9 @@ def format_report(report: dict[str, Any]) -> str:
     """Two human-readable lines: held-out accuracy and format compliance (:func:`klear.runs.format_paired`)."""
     from klear.runs import format_paired
 
-    return "\n".join(format_paired(name, report[key]) for key, name in (("accuracy", "accuracy"),
-                                                                        ("format", "format compliance")))
+    return "\n".join(
+        format_paired(name, report[key]) for key, name in (("accuracy", "accuracy"), ("format", "format compliance"))
+    )
 
 
 def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:
@@ -204,13 +240,15 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
     from klear.utils.plotting import SFT_PANELS
 
-    setup = prepare_run(config, source=source, resume=resume, config_cls=KlearSFTConfig,
-                        trainer_defaults={"completion_only_loss": True})
+    setup = prepare_run(
+        config, source=source, resume=resume, config_cls=KlearSFTConfig, trainer_defaults={"completion_only_loss": True}
+    )
     out, seed = setup.out, setup.seed
     t0 = time.time()
     train, heldout, filter_stats = _build_datasets(config["data"], seed)
-    logger.info("data: %d SFT examples, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0,
-                time.time() - t0)
+    logger.info(
+        "data: %d SFT examples, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0, time.time() - t0
+    )
     run_dir = start_run(out, config, setup.trainer_cfg, setup.precision, stage="sft", resumed=bool(setup.resume))
     main = is_main_process()
     with run_dir.removed_on_failure():  # a run that fails before training leaves no directory behind
@@ -232,16 +270,23 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         model = trainer.accelerator.unwrap_model(trainer.model)
         before: dict[str, Any] | None = None
         if do_eval:
-            before = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_before.json",
-                                   reuse=bool(setup.resume))
+            before = _heldout_eval(
+                model, tokenizer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(setup.resume)
+            )
             if main:
-                print(f"held-out before SFT: accuracy {before['accuracy']:.3f}, format compliance "
-                      f"{before['format_rate']:.3f} (n={before['n']})", flush=True)
+                print(
+                    f"held-out before SFT: accuracy {before['accuracy']:.3f}, format compliance "
+                    f"{before['format_rate']:.3f} (n={before['n']})",
+                    flush=True,
+                )
             model.train()
 
     trainer.train(resume_from_checkpoint=setup.resume or None)
-    report: dict[str, Any] = {"model": str(config["model"]), "steps": trainer.state.global_step,
-                              "train_examples": len(train)}
+    report: dict[str, Any] = {
+        "model": str(config["model"]),
+        "steps": trainer.state.global_step,
+        "train_examples": len(train),
+    }
     if filter_stats is not None:
         report["filter"] = filter_stats
     if do_eval:
@@ -249,10 +294,13 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         after = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_after.json", reuse=False)
         report["accuracy"] = paired_difference(before["correct"], after["correct"])
         report["format"] = paired_difference(before["format_ok"], after["format_ok"])
-        report["mean_completion_tokens"] = {"before": before["mean_completion_tokens"],
-                                            "after": after["mean_completion_tokens"]}
-    finish_run(setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None,
-               panels=SFT_PANELS)
+        report["mean_completion_tokens"] = {
+            "before": before["mean_completion_tokens"],
+            "after": after["mean_completion_tokens"],
+        }
+    finish_run(
+        setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None, panels=SFT_PANELS
+    )
     if main:
         print(f"SFT model: {out / 'final'}  (continue with: klear rl model={out / 'final'} ...)", flush=True)
     return report

@@ -132,6 +132,7 @@ def tokenize_expression(expression: str) -> list[int | str]:
 
 # --------------------------------------------------------------------------- procedures
 
+
 def _place(k: int) -> str:
     return _PLACE_NAMES[k] if k < len(_PLACE_NAMES) else f"10^{k}"
 
@@ -289,15 +290,15 @@ def _mul_nonneg(a: int, b: int, lines: list[str]) -> int:
     if y < 10:
         return _mul_digit(x, y, lines)
     parts = [(d, k) for k, d in enumerate(_digits(y)) if d != 0]
-    terms = [f"{x}*{d*10 ** k}" for d, k in parts]
+    terms = [f"{x}*{d * 10**k}" for d, k in parts]
     if len(terms) > 1:
         lines.append(f"{x}*{y}=" + "+".join(terms))
     partials: list[int] = []
     for d, k in parts:
         p = _mul_digit(x, d, lines)
         if k:
-            lines.append(f"so {x}*{d*10 ** k}={p*10 ** k}")
-            p *= 10 ** k
+            lines.append(f"so {x}*{d * 10**k}={p * 10**k}")
+            p *= 10**k
         partials.append(p)
     acc = partials[0]
     for p in partials[1:]:
@@ -408,16 +409,21 @@ def teacher_response(entry: Mapping[str, Any], *, dataset=None) -> str:
     expression = metadata.get("expression")
     if not isinstance(expression, str):
         source = metadata.get("source_dataset", "?")
-        raise TeacherError(f"reasoning-gym entry of task {source!r} has no metadata['expression']; the procedural "
-                           f"teacher supports integer +, -, * expressions (basic_arithmetic, chain_sum, products)")
+        raise TeacherError(
+            f"reasoning-gym entry of task {source!r} has no metadata['expression']; the procedural "
+            f"teacher supports integer +, -, * expressions (basic_arithmetic, chain_sum, products)"
+        )
     solution = solve_expression(expression)
     gold = str(entry.get("answer", "")).strip()
     if gold != str(solution.answer):
-        raise TeacherMismatch(f"teacher answer {solution.answer} != reasoning-gym answer {gold!r} for "
-                              f"{expression!r} (question {entry.get('question')!r})")
+        raise TeacherMismatch(
+            f"teacher answer {solution.answer} != reasoning-gym answer {gold!r} for "
+            f"{expression!r} (question {entry.get('question')!r})"
+        )
     if dataset is not None:
         score = dataset.score_answer(str(solution.answer), entry)
         if score != 1.0:
-            raise TeacherMismatch(f"reasoning-gym scores the teacher's answer {solution.answer} as {score} for "
-                                  f"{entry.get('question')!r}")
+            raise TeacherMismatch(
+                f"reasoning-gym scores the teacher's answer {solution.answer} as {score} for {entry.get('question')!r}"
+            )
     return solution.response()

@@ -84,8 +84,10 @@ class KlearSFTConfig(SFTConfig):
 
     lr_floor: float | None = field(
         default=None,
-        metadata={"help": "Cosine decay from learning_rate to this floor (reached exactly at the last step); "
-                          "overrides lr_scheduler_type. None: use lr_scheduler_type."},
+        metadata={
+            "help": "Cosine decay from learning_rate to this floor (reached exactly at the last step); "
+            "overrides lr_scheduler_type. None: use lr_scheduler_type."
+        },
     )
 
     def __post_init__(self):
@@ -129,8 +131,13 @@ class KlearSFTTrainer(SFTTrainer):
         total = self._schedule_total_steps()
         if self.args.lr_floor is None or total is None:
             raise RuntimeError("lr_at_step needs lr_floor and a created scheduler")
-        return cosine_to_floor_lr(step, max_lr=self.args.learning_rate, min_lr=self.args.lr_floor,
-                                  warmup_steps=self.args.get_warmup_steps(total), total_steps=total)
+        return cosine_to_floor_lr(
+            step,
+            max_lr=self.args.learning_rate,
+            min_lr=self.args.lr_floor,
+            warmup_steps=self.args.get_warmup_steps(total),
+            total_steps=total,
+        )
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The cosine-to-floor scheduler when ``args.lr_floor`` is set, else ``Trainer``'s.
@@ -150,7 +157,11 @@ class KlearSFTTrainer(SFTTrainer):
         return self.lr_scheduler
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if (self.args.lr_floor is not None and "learning_rate" in logs and self._schedule_total_steps()
-                and self.state.global_step > 0):
+        if (
+            self.args.lr_floor is not None
+            and "learning_rate" in logs
+            and self._schedule_total_steps()
+            and self.state.global_step > 0
+        ):
             logs["learning_rate"] = self.lr_at_step(self.state.global_step)
         super().log(logs, start_time)

@@ -72,8 +72,12 @@ def read_metrics(metrics_jsonl: str | os.PathLike) -> dict[str, list[tuple[float
     return series
 
 
-def plot_training_curves(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike, title: str | None = None,
-                         panels: Sequence[tuple[str, Sequence[str]]] | None = None) -> Path:
+def plot_training_curves(
+    metrics_jsonl: str | os.PathLike,
+    out_png: str | os.PathLike,
+    title: str | None = None,
+    panels: Sequence[tuple[str, Sequence[str]]] | None = None,
+) -> Path:
     """Plot the training curves found in a metrics JSONL into one PNG.
 
     One subplot per metric group (``panels``, default :data:`RL_PANELS`) present in the file. The RL

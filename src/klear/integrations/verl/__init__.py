@@ -42,8 +42,10 @@ def check_plugin() -> None:
     from klear.integrations.verl import losses
 
     if not any(ep.name == "klear" and ep.value == __name__ for ep in entry_points(group="verl.plugins")):
-        raise RuntimeError(f"no verl.plugins entry point 'klear = {__name__}': reinstall klear "
-                           "(pip install -e '.[verl]' or 'klear[verl]') in every Ray worker's environment")
+        raise RuntimeError(
+            f"no verl.plugins entry point 'klear = {__name__}': reinstall klear "
+            "(pip install -e '.[verl]' or 'klear[verl]') in every Ray worker's environment"
+        )
     policy = os.getenv("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
     if policy == "none" or (policy != "auto" and "klear" not in {p.strip() for p in policy.split(",")}):
         raise RuntimeError(f"VERL_USE_EXTERNAL_PLUGINS={policy!r} keeps verl from loading the 'klear' plugin")
@@ -51,9 +53,12 @@ def check_plugin() -> None:
     for name, fn in expected.items():
         got = POLICY_LOSS_REGISTRY.get(name)
         if got is not fn:
-            raise RuntimeError(f"verl policy loss {name!r} is {'missing' if got is None else got!r}, not klear's: "
-                               "the klear verl plugin did not load (is klear[verl] installed in every worker's "
-                               "environment, and VERL_USE_EXTERNAL_PLUGINS unset or 'auto'?)")
+            raise RuntimeError(
+                f"verl policy loss {name!r} is {'missing' if got is None else got!r}, not klear's: "
+                "the klear verl plugin did not load (is klear[verl] installed in every worker's "
+                "environment, and VERL_USE_EXTERNAL_PLUGINS unset or 'auto'?)"
+            )
     if TRAINER_REGISTRY.get("klear_sync") is not _trainer.KlearPPOTrainer:
-        raise RuntimeError("verl trainer 'klear_sync' is not klear's KlearPPOTrainer: the klear verl plugin did not "
-                           "load")
+        raise RuntimeError(
+            "verl trainer 'klear_sync' is not klear's KlearPPOTrainer: the klear verl plugin did not load"
+        )

@@ -146,19 +146,33 @@ def verl_divisors(config: Any) -> tuple[float | None, float | None]:
     return out[0], out[1]
 
 
-def _verl_policy_loss(loss_mode: str, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-                      response_mask: torch.Tensor, loss_agg_mode: str, config: Any,
-                      rollout_is_weights: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+def _verl_policy_loss(
+    loss_mode: str,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str,
+    config: Any,
+    rollout_is_weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     if config is None:
         raise ValueError(f"verl policy loss {loss_mode!r} needs the actor config (config=None)")
     if rollout_is_weights is not None:
-        raise ValueError(f"verl policy loss {loss_mode!r} does not support rollout correction weights; "
-                         "unset actor_rollout_ref.actor.policy_loss.rollout_correction")
+        raise ValueError(
+            f"verl policy loss {loss_mode!r} does not support rollout correction weights; "
+            "unset actor_rollout_ref.actor.policy_loss.rollout_correction"
+        )
     settings = klear_settings(loss_mode, loss_agg_mode, config)
     num_tokens, num_seqs = verl_divisors(config)
-    inputs = LossInputs(log_prob, old_log_prob, advantages, response_mask,
-                        num_tokens=num_tokens if settings.loss_agg_mode == "token-mean" else None,
-                        num_seqs=None if settings.loss_agg_mode == "token-mean" else num_seqs)
+    inputs = LossInputs(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        num_tokens=num_tokens if settings.loss_agg_mode == "token-mean" else None,
+        num_seqs=None if settings.loss_agg_mode == "token-mean" else num_seqs,
+    )
     loss, m = compute_policy_loss(inputs, settings)
     metrics = {
         "actor/pg_clipfrac": m["clip_frac"].item(),
@@ -173,9 +187,15 @@ def _verl_policy_loss(loss_mode: str, old_log_prob: torch.Tensor, log_prob: torc
 
 
 @register_policy_loss("gppo")
-def compute_policy_loss_gppo(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-                             response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config: Any = None,
-                             rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_policy_loss_gppo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """verl policy loss ``gppo``: :func:`klear.rl.losses.compute_policy_loss` with ``loss_mode="gppo"``.
 
     Args (verl's policy-loss protocol, called by keyword):
@@ -195,23 +215,37 @@ def compute_policy_loss_gppo(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
     Raises:
         ValueError: no config, rollout correction weights, a bad setting or shape (from klear's checks).
     """
-    return _verl_policy_loss("gppo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-                             rollout_is_weights)
+    return _verl_policy_loss(
+        "gppo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
 
 
 @register_policy_loss("gppo_only_high")
 def compute_policy_loss_gppo_only_high(
-    old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean", config: Any = None, rollout_is_weights: torch.Tensor | None = None,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl policy loss ``gppo_only_high`` (klear's, Appendix A.2); as :func:`compute_policy_loss_gppo`."""
-    return _verl_policy_loss("gppo_only_high", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
-                             config, rollout_is_weights)
+    return _verl_policy_loss(
+        "gppo_only_high", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
 
 
-def sft_term(log_prob: torch.Tensor, response_mask: torch.Tensor, is_correct: torch.Tensor, sft_norm: str,
-             *, num_sft_tokens: float | None = None, dp_size: int = 1,
-             num_micro_batches: int = 1) -> torch.Tensor:
+def sft_term(
+    log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    is_correct: torch.Tensor,
+    sft_norm: str,
+    *,
+    num_sft_tokens: float | None = None,
+    dp_size: int = 1,
+    num_micro_batches: int = 1,
+) -> torch.Tensor:
     """The SFT loss on correct rollouts of one micro-batch (Eq. 13), normalised for verl's gradient sums.
 
     verl sums the micro-batch losses of a mini-batch and averages gradients over data-parallel ranks.

@@ -22,8 +22,9 @@ from klear.rewards.correctness import is_correct
 __all__ = ["compute_score"]
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  **kwargs: Any) -> dict[str, float]:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+) -> dict[str, float]:
     """klear's reward of one response, with its correctness, in verl's dict form.
 
     Args:

@@ -74,8 +74,10 @@ def correct_flags(data: Any) -> torch.Tensor:
     for key in _REWARD_KEYS:
         if key in data.keys():
             return is_correct(_row_sums(data[key].float())).float()
-    raise KeyError(f"the SFT term needs the token-level rewards in the actor batch: none of {_REWARD_KEYS} "
-                   f"among its fields {sorted(data.keys())}")
+    raise KeyError(
+        f"the SFT term needs the token-level rewards in the actor batch: none of {_REWARD_KEYS} "
+        f"among its fields {sorted(data.keys())}"
+    )
 
 
 def sft_token_count(response_mask: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
@@ -83,8 +85,14 @@ def sft_token_count(response_mask: torch.Tensor, correct: torch.Tensor) -> torch
     return (_row_sums(response_mask.float()) * correct.float()).sum()
 
 
-def klear_ppo_loss(config: Any, model_output: dict[str, Any], data: Any, dp_group: Any = None, *,
-                   base_loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]]) -> tuple[torch.Tensor, dict]:
+def klear_ppo_loss(
+    config: Any,
+    model_output: dict[str, Any],
+    data: Any,
+    dp_group: Any = None,
+    *,
+    base_loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]],
+) -> tuple[torch.Tensor, dict]:
     """verl's actor loss plus ``alpha * L_LM`` on the correct responses (Eq. 14), for one micro-batch.
 
     Args:
@@ -109,15 +117,22 @@ def klear_ppo_loss(config: Any, model_output: dict[str, Any], data: Any, dp_grou
     if alpha == 0.0:
         return loss, metrics
     if IS_CORRECT_KEY not in data.keys():
-        raise KeyError(f"sft_alpha={alpha} needs the batch field {IS_CORRECT_KEY!r}; run verl with "
-                       "trainer.v1.trainer_mode=klear_sync")
+        raise KeyError(
+            f"sft_alpha={alpha} needs the batch field {IS_CORRECT_KEY!r}; run verl with "
+            "trainer.v1.trainer_mode=klear_sync"
+        )
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     padded = data.select("response_mask", IS_CORRECT_KEY).to_padded_tensor()
     correct = padded[IS_CORRECT_KEY]
-    lm = sft_term(log_prob, padded["response_mask"], correct, policy_cfg.get("sft_norm", "mini_batch"),
-                  num_sft_tokens=tu.get_non_tensor_data(data=data, key=NUM_SFT_TOKENS_KEY, default=None),
-                  dp_size=int(data["dp_size"]),
-                  num_micro_batches=int(tu.get_non_tensor_data(data=data, key=NUM_MICRO_BATCHES_KEY, default=1)))
+    lm = sft_term(
+        log_prob,
+        padded["response_mask"],
+        correct,
+        policy_cfg.get("sft_norm", "mini_batch"),
+        num_sft_tokens=tu.get_non_tensor_data(data=data, key=NUM_SFT_TOKENS_KEY, default=None),
+        dp_size=int(data["dp_size"]),
+        num_micro_batches=int(tu.get_non_tensor_data(data=data, key=NUM_MICRO_BATCHES_KEY, default=1)),
+    )
     metrics["actor/sft_loss"] = lm.detach().item()
     metrics["actor/sft_correct_frac"] = correct.float().mean().item()
     return loss + alpha * lm, metrics

@@ -43,8 +43,9 @@ def _close(a: float, b: float, tol: float) -> bool:
     return a == b or abs(a - b) <= tol * max(1.0, abs(b))
 
 
-def outputs_match(actual: str | bytes, expected: str, float_tol: float = DEFAULT_FLOAT_TOL,
-                  case_insensitive: bool = False) -> bool:
+def outputs_match(
+    actual: str | bytes, expected: str, float_tol: float = DEFAULT_FLOAT_TOL, case_insensitive: bool = False
+) -> bool:
     """Token-wise comparison of a program's stdout with the expected output.
 
     Whitespace (trailing spaces, blank lines, ``\\r``) never matters. Tokens equal as text match.
@@ -72,8 +73,9 @@ def outputs_match(actual: str | bytes, expected: str, float_tol: float = DEFAULT
     return True
 
 
-def values_match(actual: Any, expected: Any, float_tol: float = DEFAULT_FLOAT_TOL,
-                 case_insensitive: bool = False) -> bool:
+def values_match(
+    actual: Any, expected: Any, float_tol: float = DEFAULT_FLOAT_TOL, case_insensitive: bool = False
+) -> bool:
     """Equality for call-based results: tuples compare as lists, an expected float is matched within
     ``float_tol`` by an int or float, an expected int only by the same int (bools are never
     numbers here); with ``case_insensitive`` strings (not dict keys) equal after ``casefold``
@@ -89,11 +91,13 @@ def values_match(actual: Any, expected: Any, float_tol: float = DEFAULT_FLOAT_TO
     if isinstance(actual, (int, float)) and isinstance(expected, float):
         return math.isfinite(actual) and math.isfinite(expected) and _close(float(actual), float(expected), float_tol)
     if isinstance(actual, list) and isinstance(expected, list):
-        return len(actual) == len(expected) and all(values_match(x, y, float_tol, case_insensitive)
-                                                    for x, y in zip(actual, expected))
+        return len(actual) == len(expected) and all(
+            values_match(x, y, float_tol, case_insensitive) for x, y in zip(actual, expected)
+        )
     if isinstance(actual, dict) and isinstance(expected, dict):
         return actual.keys() == expected.keys() and all(
-            values_match(actual[k], expected[k], float_tol, case_insensitive) for k in actual)
+            values_match(actual[k], expected[k], float_tol, case_insensitive) for k in actual
+        )
     if case_insensitive and type(actual) is str and type(expected) is str:
         return actual.casefold() == expected.casefold()
     return type(actual) in (str, type(None), set, frozenset) and actual == expected

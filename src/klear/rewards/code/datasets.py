@@ -17,8 +17,12 @@ def humaneval_ground_truth(problem: dict) -> dict:
     for key in ("prompt", "test", "entry_point"):
         if not isinstance(problem.get(key), str):
             raise ValueError(f"HumanEval problem {problem.get('task_id')!r}: field {key!r} missing or not a string")
-    return {"format": "assert", "prefix": problem["prompt"], "test": problem["test"],
-            "entry_point": problem["entry_point"]}
+    return {
+        "format": "assert",
+        "prefix": problem["prompt"],
+        "test": problem["test"],
+        "entry_point": problem["entry_point"],
+    }
 
 
 def humaneval_canonical_response(problem: dict) -> str:
@@ -35,8 +39,12 @@ def mbpp_ground_truth(task: dict) -> dict:
     tests = task.get("test_list")
     if not isinstance(tests, list) or not tests:
         raise ValueError(f"MBPP task {task.get('task_id')!r}: field 'test_list' missing or empty")
-    gt: dict = {"format": "assert", "tests": tests, "setup": task.get("test_setup_code") or "",
-                "prefix": "\n".join(task.get("test_imports") or [])}
+    gt: dict = {
+        "format": "assert",
+        "tests": tests,
+        "setup": task.get("test_setup_code") or "",
+        "prefix": "\n".join(task.get("test_imports") or []),
+    }
     code = task.get("code")
     if isinstance(code, str):
         try:
@@ -52,7 +60,7 @@ def mbpp_ground_truth(task: dict) -> dict:
 
 #: The usual LeetCode preamble (as in LeetCodeDataset / rllm): star imports the solutions rely
 #: on and the list/tree helper classes. Use it as ``prefix`` for LeetCode-style problems.
-LEETCODE_PREFIX = '''\
+LEETCODE_PREFIX = """\
 from typing import *
 from functools import *
 from collections import *
@@ -127,7 +135,7 @@ def is_same_tree(p, q):
     if p is None or q is None:
         return p is q
     return p.val == q.val and is_same_tree(p.left, q.left) and is_same_tree(p.right, q.right)
-'''
+"""
 
 
 def leetcode_ground_truth(functional_test: str) -> dict:

@@ -153,8 +153,13 @@ def parse_ground_truth(ground_truth: Any, extra_info: dict | None = None) -> Cod
         raise ValueError(f"ground_truth.case_insensitive must be true or false, got {caseless!r}")
     if caseless and fmt == "assert":
         raise ValueError("ground_truth.case_insensitive applies to 'stdio' and 'call' tests, not 'assert'")
-    common = _CommonFields(prefix=prefix, setup=setup, float_tol=float(tol),
-                           time_limit_s=None if tl is None else float(tl), case_insensitive=caseless)
+    common = _CommonFields(
+        prefix=prefix,
+        setup=setup,
+        float_tol=float(tol),
+        time_limit_s=None if tl is None else float(tl),
+        case_insensitive=caseless,
+    )
     if fmt == "stdio":
         inputs = _as_str_list(gt.get("inputs"), "inputs")
         outputs = _as_str_list(gt.get("outputs"), "outputs")
@@ -199,8 +204,13 @@ def parse_ground_truth(ground_truth: Any, extra_info: dict | None = None) -> Cod
         functions = gt.get("functions")
         if functions is not None and (not isinstance(functions, list) or not all(_is_name(f) for f in functions)):
             raise ValueError(f"ground_truth.functions must be a list of function names, got {functions!r}")
-        return CodeTests("assert", tests=tests, entry_point=ep,
-                         functions=tuple(functions) if functions is not None else None, **common)
+        return CodeTests(
+            "assert",
+            tests=tests,
+            entry_point=ep,
+            functions=tuple(functions) if functions is not None else None,
+            **common,
+        )
     raise ValueError(f"ground_truth.format must be 'stdio', 'call' or 'assert', got {fmt!r}")
 
 

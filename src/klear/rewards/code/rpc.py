@@ -26,8 +26,10 @@ class RemoteError(Exception):
 
 
 _BUILTIN_EXC = {
-    name: obj for name, obj in vars(builtins).items()
-    if isinstance(obj, type) and issubclass(obj, Exception)
+    name: obj
+    for name, obj in vars(builtins).items()
+    if isinstance(obj, type)
+    and issubclass(obj, Exception)
     and obj not in (AssertionError, StopIteration, StopAsyncIteration)
 }
 
@@ -223,8 +225,16 @@ class Session:
             malformed message.
     """
 
-    def __init__(self, sandbox: Sandbox, workdir: Path, program: Path, prefix: Path | None,
-                 setup: Path | None, value_classes: dict[str, type], deadline: float):
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        workdir: Path,
+        program: Path,
+        prefix: Path | None,
+        setup: Path | None,
+        value_classes: dict[str, type],
+        deadline: float,
+    ):
         self.chan: RpcChannel = sandbox.start_rpc(workdir, program, prefix, setup)
         self.chan.deadline = deadline
         self.codec = _Codec(self, value_classes)
@@ -258,8 +268,13 @@ class Session:
         """
         if not self.alive:
             raise RemoteError("the program is no longer running")
-        req = {"op": OP_CALL, "target": target, "attr": attr,
-               "args": self.codec.encode(list(args)), "kwargs": self.codec.encode(dict(kwargs))}
+        req = {
+            "op": OP_CALL,
+            "target": target,
+            "attr": attr,
+            "args": self.codec.encode(list(args)),
+            "kwargs": self.codec.encode(dict(kwargs)),
+        }
         try:
             self.chan.send(req)
             reply = self.chan.recv()

@@ -39,6 +39,7 @@ class _Alarm:
 
     def __enter__(self) -> _Alarm:
         if self.active:
+
             def _raise(*_: Any) -> None:
                 raise TimeoutError("time limit exceeded")
 
@@ -52,8 +53,9 @@ class _Alarm:
             signal.signal(signal.SIGALRM, self.old)
 
 
-def _run_stdio_tests(box: Sandbox, wd: Path, prog: Path, tests: CodeTests, limit: float,
-                     budget_end: float, stop_first: bool) -> tuple[list[str], str]:
+def _run_stdio_tests(
+    box: Sandbox, wd: Path, prog: Path, tests: CodeTests, limit: float, budget_end: float, stop_first: bool
+) -> tuple[list[str], str]:
     statuses: list[str] = []
     detail = ""
     for inp, exp in zip(tests.inputs, tests.outputs):
@@ -79,8 +81,9 @@ def _prefix_namespace(prefix: str) -> dict:
     return ns
 
 
-def _run_rpc_tests(box: Sandbox, wd: Path, prog: Path, tests: CodeTests, limit: float,
-                   budget_end: float, stop_first: bool) -> tuple[list[str], str]:
+def _run_rpc_tests(
+    box: Sandbox, wd: Path, prog: Path, tests: CodeTests, limit: float, budget_end: float, stop_first: bool
+) -> tuple[list[str], str]:
     prefix_path = box.write_file(wd, "prefix.py", tests.prefix) if tests.prefix else None
     setup_path = box.write_file(wd, "setup.py", tests.setup) if tests.setup else None
     try:
@@ -182,8 +185,9 @@ def _one_rpc_test(session: Session, tests: CodeTests, i: int, base_ns: dict) -> 
     return True
 
 
-def run_tests(program: str, tests: CodeTests, *, sandbox: Sandbox | None = None,
-              stop_on_first_failure: bool = False) -> tuple[list[str], str]:
+def run_tests(
+    program: str, tests: CodeTests, *, sandbox: Sandbox | None = None, stop_on_first_failure: bool = False
+) -> tuple[list[str], str]:
     """Run *program* on every test in the sandbox; returns (one status per test, detail text).
 
     Per-test wall clock: ``tests.time_limit_s`` or the sandbox's ``time_limit_s``; all tests

@@ -88,8 +88,15 @@ def _check_mode(reward_mode: str) -> str:
     return reward_mode
 
 
-def _score_one(solution_str: Any, ground_truth: Any, extra_info: Any, reward_mode: str,
-               require_think: bool, stop_first: bool | None, config: SandboxConfig | None) -> CodeScoreResult:
+def _score_one(
+    solution_str: Any,
+    ground_truth: Any,
+    extra_info: Any,
+    reward_mode: str,
+    require_think: bool,
+    stop_first: bool | None,
+    config: SandboxConfig | None,
+) -> CodeScoreResult:
     try:
         tests = parse_ground_truth(ground_truth, extra_info if isinstance(extra_info, dict) else None)
     except ValueError as e:
@@ -97,21 +104,25 @@ def _score_one(solution_str: Any, ground_truth: Any, extra_info: Any, reward_mod
         return CodeScoreResult(_reward(0, 0, reward_mode), 0, 0, "invalid_ground_truth", detail=str(e))
     program = extract_code(solution_str, require_think=require_think)
     if program is None:
-        return CodeScoreResult(_reward(0, tests.total, reward_mode), 0, tests.total, "no_code",
-                               ["not_run"] * tests.total)
+        return CodeScoreResult(
+            _reward(0, tests.total, reward_mode), 0, tests.total, "no_code", ["not_run"] * tests.total
+        )
     if stop_first is None:
         stop_first = reward_mode == "hard"
     statuses, detail = run_tests(program, tests, sandbox=get_sandbox(config), stop_on_first_failure=stop_first)
     passed = statuses.count("pass")
     status = "load_error" if statuses and all(s == "load_error" for s in statuses) else "ok"
-    return CodeScoreResult(_reward(passed, tests.total, reward_mode), passed, tests.total, status, statuses,
-                           program, detail)
+    return CodeScoreResult(
+        _reward(passed, tests.total, reward_mode), passed, tests.total, status, statuses, program, detail
+    )
 
 
 # --------------------------------------------------------------------------------- canary
 
-_CANARY_STDIO = ("import sys\nimport math\ndata = sys.stdin.buffer.read().split()\n"
-                 "print(sum(int(x) for x in data) + 10 ** 5000 - 10 ** 5000)\n")
+_CANARY_STDIO = (
+    "import sys\nimport math\ndata = sys.stdin.buffer.read().split()\n"
+    "print(sum(int(x) for x in data) + 10 ** 5000 - 10 ** 5000)\n"
+)
 _CANARY_CALL = "class Solution:\n    def add(self, a, b):\n        return a + b\n"
 _CANARY_NUMPY = "import numpy as np\na = np.arange(64.0).reshape(8, 8)\nprint(int((a @ a).trace()))\n"
 
@@ -119,16 +130,24 @@ _CANARY_NUMPY = "import numpy as np\na = np.arange(64.0).reshape(8, 8)\nprint(in
 def _canaries(config: SandboxConfig) -> list[tuple[str, str, dict[str, Any]]]:
     out: list[tuple[str, str, dict[str, Any]]] = [
         ("stdio", f"```python\n{_CANARY_STDIO}```", {"format": "stdio", "inputs": ["3 4\n"], "outputs": ["7\n"]}),
-        ("call", f"```python\n{_CANARY_CALL}```",
-         {"format": "call", "fn_name": "add", "inputs": [[2, 3], [[1], [2]]], "outputs": [5, [1, 2]]}),
+        (
+            "call",
+            f"```python\n{_CANARY_CALL}```",
+            {"format": "call", "fn_name": "add", "inputs": [[2, 3], [[1], [2]]], "outputs": [5, [1, 2]]},
+        ),
     ]
     numpy_allowed = config.allowed_packages is None or "numpy" in config.allowed_packages
     if numpy_allowed and find_spec("numpy") is not None:
         import numpy as np
 
         a = np.arange(64.0).reshape(8, 8)
-        out.append(("numpy", f"```python\n{_CANARY_NUMPY}```",
-                    {"format": "stdio", "inputs": [""], "outputs": [str(int((a @ a).trace()))]}))
+        out.append(
+            (
+                "numpy",
+                f"```python\n{_CANARY_NUMPY}```",
+                {"format": "stdio", "inputs": [""], "outputs": [str(int((a @ a).trace()))]},
+            )
+        )
     return out
 
 
@@ -183,8 +202,15 @@ def _task(args: tuple) -> CodeScoreResult:  # runs in a pool worker
 
 def _lost(outcome: TaskOutcome, total_hint: int, reward_mode: str, program: str | None) -> CodeScoreResult:
     status = {"timeout": "worker_timeout", "crashed": "worker_crashed"}.get(outcome.status, "worker_error")
-    return CodeScoreResult(_reward(0, total_hint, reward_mode), 0, total_hint, status,
-                           ["not_run"] * total_hint, program, outcome.detail[:500])
+    return CodeScoreResult(
+        _reward(0, total_hint, reward_mode),
+        0,
+        total_hint,
+        status,
+        ["not_run"] * total_hint,
+        program,
+        outcome.detail[:500],
+    )
 
 
 def code_score_batch_detailed(
@@ -227,8 +253,10 @@ def code_score_batch_detailed(
     if len(thinks) != n:
         raise ValueError("require_think must be a bool or have one entry per item")
     config = sandbox_config or SandboxConfig()
-    items = [(s, g, e, reward_mode, t, stop_on_first_failure, config)
-             for s, g, e, t in zip(solution_strs, ground_truths, extra_infos, thinks)]
+    items = [
+        (s, g, e, reward_mode, t, stop_on_first_failure, config)
+        for s, g, e, t in zip(solution_strs, ground_truths, extra_infos, thinks)
+    ]
     canaries = _canaries(config) if canary else []
     items += [(resp, gt, None, "soft", False, False, config) for _, resp, gt in canaries]
     pool = get_code_pool()
@@ -267,13 +295,21 @@ def code_score_detailed(
     """Score one response (see :func:`code_score_batch_detailed`); ``require_think`` defaults to
     :func:`~klear.rewards.think_format.requires_think` of *data_source*."""
     think = requires_think(data_source, require_think)
-    return code_score_batch_detailed([solution_str], [ground_truth], [extra_info], reward_mode=reward_mode,
-                                     require_think=think, stop_on_first_failure=stop_on_first_failure,
-                                     sandbox_config=sandbox_config, canary=canary)[0]
+    return code_score_batch_detailed(
+        [solution_str],
+        [ground_truth],
+        [extra_info],
+        reward_mode=reward_mode,
+        require_think=think,
+        stop_on_first_failure=stop_on_first_failure,
+        sandbox_config=sandbox_config,
+        canary=canary,
+    )[0]
 
 
-def _config_from_kwargs(sandbox_config: SandboxConfig | None, time_limit_s: float | None,
-                        timeout_s: float | None) -> SandboxConfig | None:
+def _config_from_kwargs(
+    sandbox_config: SandboxConfig | None, time_limit_s: float | None, timeout_s: float | None
+) -> SandboxConfig | None:
     if time_limit_s is None and timeout_s is None:
         return sandbox_config
     base = sandbox_config or SandboxConfig()
@@ -314,9 +350,16 @@ def code_score(
         SandboxError: the sandbox cannot run known-correct programs.
     """
     cfg = _config_from_kwargs(sandbox_config, time_limit_s, timeout_s)
-    return code_score_detailed(data_source, solution_str, ground_truth, extra_info, reward_mode=reward_mode,
-                               require_think=require_think, stop_on_first_failure=stop_on_first_failure,
-                               sandbox_config=cfg).reward
+    return code_score_detailed(
+        data_source,
+        solution_str,
+        ground_truth,
+        extra_info,
+        reward_mode=reward_mode,
+        require_think=require_think,
+        stop_on_first_failure=stop_on_first_failure,
+        sandbox_config=cfg,
+    ).reward
 
 
 def code_score_batch(
@@ -337,7 +380,14 @@ def code_score_batch(
     """Batch form of :func:`code_score` (the registry's ``batch_fn``); one canary set per call."""
     thinks = [requires_think(ds, require_think) for ds in data_sources]
     cfg = _config_from_kwargs(sandbox_config, time_limit_s, timeout_s)
-    res = code_score_batch_detailed(solution_strs, ground_truths, extra_infos, reward_mode=reward_mode,
-                                    require_think=thinks, stop_on_first_failure=stop_on_first_failure,
-                                    sandbox_config=cfg, max_workers=max_workers)
+    res = code_score_batch_detailed(
+        solution_strs,
+        ground_truths,
+        extra_infos,
+        reward_mode=reward_mode,
+        require_think=thinks,
+        stop_on_first_failure=stop_on_first_failure,
+        sandbox_config=cfg,
+        max_workers=max_workers,
+    )
     return [r.reward for r in res]
