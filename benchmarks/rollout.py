@@ -217,10 +217,12 @@ def main() -> None:
             trainer.train()
             rows = [row for row in trainer.state.log_history if "step_time" in row]
             steps[kind] = [row["step_time"] for row in rows]
-            rollout = [row.get("timing/rollout_s", float("nan")) for row in rows]
+            rollout = [round(row.get("timing/rollout_s", float("nan")), 1) for row in rows]
+            # the zero-advantage filter keeps a different share of each side's rollout: the loss compute differs
+            filtered = [round(row.get("klear/filtered_sample_frac", float("nan")), 2) for row in rows]
             print(
-                f"  GPPOTrainer {kind}: step_time {[round(t, 1) for t in steps[kind]]} s, rollout phase "
-                f"{[round(t, 1) for t in rollout]} s, load {os.getloadavg()[0]:.2f}",
+                f"  GPPOTrainer {kind}: step_time {[round(t, 1) for t in steps[kind]]} s, rollout phase {rollout} s, "
+                f"filtered sample fraction {filtered}, load {os.getloadavg()[0]:.2f}",
                 flush=True,
             )
             del trainer
