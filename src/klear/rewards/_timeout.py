@@ -241,7 +241,7 @@ class TimedProcessPool:
         self._pool: ProcessPool | None = None
         self._pool_pid: int | None = None
         self.pools_created = 0  # how many pebble pools this object has built (for tests)
-        self._retired: weakref.WeakSet[ProcessPool] = weakref.WeakSet()  # wedged, replaced
+        self._retired: weakref.WeakSet[ProcessPool] = weakref.WeakSet()  # stopped: tasks must be resubmitted
         self._probe_lock = threading.Lock()
         self._last_probe = 0.0
         _LIVE_POOLS.add(self)
@@ -283,10 +283,16 @@ class TimedProcessPool:
             return pool
 
     def _discard(self, pool: ProcessPool) -> None:
-        """Forget *pool* (if still current) so the next call builds a fresh one."""
+        """Forget *pool* (if still current) so the next call builds a fresh one.
+
+        The pool is stopped, so its queued tasks never run: it is marked retired, and every thread still
+        waiting on one of its futures gets ``pool_error`` from :meth:`wait` and resubmits (:meth:`run`)
+        instead of waiting for the queue limit.
+        """
         with self._lock:
             if self._pool is pool:
                 self._pool = None
+        self._retired.add(pool)
         if self._pool_pid == os.getpid():
             try:
                 pool.stop()
