@@ -492,3 +492,23 @@ def test_integer_golds_longer_than_python_str_limit_are_judged_in_any_order():
     ref = "1" + "0" * 4996 + "0007"
     assert math_score(boxed(ref), big) == 1.0
     assert math_score(boxed(ref[:-1] + "8"), big) == -1.0
+
+
+def test_waiters_on_a_discarded_pool_resubmit_instead_of_waiting_for_the_queue_limit():
+    """A task queued behind a busy worker of a pool that is then discarded (stopped) never runs there:
+    its waiter must get ``pool_error`` within seconds, and ``run`` must redo it on a fresh pool."""
+    from klear.rewards._timeout import STALL_CHECK_S, TimedProcessPool
+
+    pool = TimedProcessPool(max_workers=1, name="test-discard")
+    try:
+        busy = pool.submit(time.sleep, (30,), timeout_s=60)
+        queued = pool.submit(abs, (-3,), timeout_s=10)
+        old = queued._klear_pool
+        pool._discard(old)
+        t0 = time.monotonic()
+        outcome = pool.wait(queued, timeout_s=10, queue_limit_s=60)
+        assert outcome.status == "pool_error" and time.monotonic() - t0 < STALL_CHECK_S + 5, outcome
+        assert pool.run(abs, (-3,), timeout_s=10).value == 3  # a fresh pool does the work
+        busy.cancel()
+    finally:
+        pool.shutdown(wait_s=2)
