@@ -445,6 +445,8 @@ class HFBackend:
         if not self.eos_ids:
             raise ValueError(f"model {model_path}: no eos token id in its generation config or tokenizer")
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        if self.tokenizer.pad_token_id is None:  # batches are padded (masked out) with the first eos token
+            self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.pad_id)
         self.rope = self.rope_report()
 
     def rope_report(self) -> dict:
