@@ -47,20 +47,21 @@ def yaml_error_line(e: yaml.YAMLError) -> str:
     return f"{where}{what}" + (f" ({context})" if context else "")
 
 
-def find_config(name_or_path: str | Path) -> Path:
-    """Resolve a config: an existing path, or the name of a recipe shipped with klear (``rl_demo``).
+def find_config(name_or_path: str | Path, directory: Path = CONFIG_DIR, what: str = "config") -> Path:
+    """Resolve a config: an existing path, or the name of a file shipped with klear in ``directory``
+    (``rl_demo`` in ``configs/``; ``klear experiment`` passes ``configs/experiments``).
 
     Raises:
-        FileNotFoundError: neither exists; lists the shipped recipes.
+        FileNotFoundError: neither exists; lists the shipped names.
     """
     path = Path(name_or_path)
     if path.is_file():
         return path
-    for candidate in (CONFIG_DIR / path.name, CONFIG_DIR / f"{path.name}.yaml"):
+    for candidate in (directory / path.name, directory / f"{path.name}.yaml"):
         if candidate.is_file():
             return candidate
-    shipped = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    raise FileNotFoundError(f"config {str(name_or_path)!r} not found (shipped recipes: {shipped})")
+    shipped = sorted(p.stem for p in directory.glob("*.yaml"))
+    raise FileNotFoundError(f"{what} {str(name_or_path)!r} not found (shipped: {shipped})")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -74,14 +74,7 @@ def find_experiment(name_or_path: str | Path) -> Path:
     Raises:
         FileNotFoundError: neither exists; lists the shipped experiments.
     """
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    for candidate in (EXPERIMENT_DIR / path.name, EXPERIMENT_DIR / f"{path.name}.yaml"):
-        if candidate.is_file():
-            return candidate
-    shipped = sorted(p.stem for p in EXPERIMENT_DIR.glob("*.yaml"))
-    raise FileNotFoundError(f"experiment {str(name_or_path)!r} not found (shipped experiments: {shipped})")
+    return find_config(name_or_path, EXPERIMENT_DIR, "experiment")
 
 
 def set_dotted(config: dict[str, Any], key: str, value: Any, where: str) -> None:
