@@ -101,6 +101,8 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
         run_experiment(exp, callbacks=[_Kill("clip/seed0", 2)])
     assert (out / "gppo/seed1/eval.json").is_file() and not (out / "clip/seed0/eval.json").exists()
     assert (out / "clip/seed0/checkpoints/checkpoint-1").is_dir()
+    for gone in ("final", "checkpoints"):  # a finished run's model files are removed (keep_models: false)
+        assert not (out / "gppo/seed0" / gone).exists() and not (out / "gppo/seed1" / gone).exists(), gone
     with pytest.raises(ValueError, match="unfinished run.*--resume"):
         run_experiment(exp)
     # resumed, then killed at step 1 of clip/seed1 before any checkpoint
@@ -151,6 +153,20 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
     # a finished experiment re-runs no training
     monkeypatch.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("a finished run was run again"))
     run_experiment(exp)
+
+
+def test_keep_models_keeps_final_and_checkpoints(tmp_path, tiny_ckpt):
+    exp = _experiment(tmp_path, tiny_ckpt)
+    exp.keep_models = True
+    exp.arms = {"gppo": {}}
+    run_experiment(exp, seeds=[0])
+    run = tmp_path / "exp/gppo/seed0"
+    assert (run / "eval.json").is_file() and (run / "final/config.json").is_file()
+    assert (run / "checkpoints/checkpoint-2").is_dir()
+    spec = yaml.safe_load((tmp_path / "tiny.yaml").read_text())
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**spec, "keep_models": "yes"}))
+    with pytest.raises(ValueError, match=r"bad.yaml: keep_models must be true or false, got 'yes'"):
+        load_experiment(tmp_path / "bad.yaml")
 
 
 def test_changed_recipe_of_a_started_run_is_refused(tmp_path, tiny_ckpt):

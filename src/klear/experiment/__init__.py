@@ -14,6 +14,7 @@ An experiment file (YAML, see ``configs/experiments/``)::
     reference: gppo               # the arm the others are compared with (default: the first)
     seeds: [0, 1, 2]              # default seeds (--seeds overrides)
     output_dir: runs/experiments/gppo_vs_baselines
+    keep_models: false            # default: a finished run's final/ and checkpoints/ are removed
 
 Each arm x seed is a normal ``klear rl`` run directory ``<output_dir>/<arm>/seed<k>``. The seed sets
 ``trainer.seed`` only (initialisation of the sampler, shuffling, dropout): the recipe's top-level ``seed``,
@@ -23,6 +24,10 @@ random numbers). ``trainer.max_steps`` is required (the progress bar counts opti
 
 Files: ``<output_dir>/plan.json`` (every planned run's recipe), the run directories, and the report
 (:mod:`klear.experiment.report`: ``report.md``, ``summary.json``, PNG plots).
+
+Disk: a run of the embedded model writes ~0.5 GB of final weights and ~1.6 GB of checkpoints (weights and
+optimizer state), and the report reads none of them, so unless ``keep_models: true`` each run's ``final/``
+and ``checkpoints/`` are removed once the run has finished (its metrics, held-out files and config stay).
 
 Re-running: a finished run (its ``eval.json`` exists) is skipped. An unfinished run (killed) is an error
 unless ``resume=True`` (``--resume``): then a run with a checkpoint continues from its latest one
@@ -42,7 +47,8 @@ from typing import Any
 from klear.config import CONFIG_DIR, find_config, load_config, load_yaml
 
 EXPERIMENT_DIR = CONFIG_DIR / "experiments"
-_TOP_KEYS = {"name", "description", "base", "overrides", "arms", "reference", "seeds", "output_dir"}
+_TOP_KEYS = {"name", "description", "base", "overrides", "arms", "reference", "seeds", "output_dir", "keep_models"}
+MODEL_DIRS = ("final", "checkpoints")  # what a finished run loses unless keep_models
 PLAN_FILE = "plan.json"
 
 __all__ = ["EXPERIMENT_DIR", "Experiment", "find_experiment", "load_experiment", "plan_runs", "run_experiment"]
@@ -55,7 +61,8 @@ class Experiment:
     Attributes:
         name, description: as in the file. source: the file's path. base: the base recipe (loaded, with
         ``overrides`` applied). arms: ``{arm: {dotted key: value}}`` in file order. reference: the reference arm.
-        seeds: default seeds. output_dir: where the runs and the report go.
+        seeds: default seeds. output_dir: where the runs and the report go. keep_models: keep each finished
+        run's ``final/`` and ``checkpoints/`` (default False: removed, see the module docstring).
     """
 
     name: str
@@ -66,6 +73,7 @@ class Experiment:
     reference: str
     seeds: list[int]
     output_dir: Path
+    keep_models: bool = False
 
 
 def find_experiment(name_or_path: str | Path) -> Path:
@@ -135,7 +143,8 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     Raises:
         FileNotFoundError: the file or its base recipe does not exist.
         ValueError: not YAML, an unknown top-level key, no arms, an arm name that is not a plain name, an
-            unknown ``reference``, bad ``seeds``, overrides that are not mappings (each names the file and key).
+            unknown ``reference``, bad ``seeds``, overrides that are not mappings, a ``keep_models`` that is not
+            a boolean (each names the file and key).
     """
     path = find_experiment(name_or_path)
     try:
@@ -165,6 +174,9 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     if reference not in arms:
         raise ValueError(f"{path}: reference={reference!r} is not an arm (arms: {list(arms)})")
     name = str(spec.get("name") or path.stem)
+    keep_models = spec.get("keep_models", False)
+    if not isinstance(keep_models, bool):
+        raise ValueError(f"{path}: keep_models must be true or false, got {keep_models!r}")
     return Experiment(
         name=name,
         description=str(spec.get("description") or "").strip(),
@@ -174,6 +186,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         reference=reference,
         seeds=_seeds(spec.get("seeds", [0, 1, 2]), f"{path}: seeds"),
         output_dir=Path(spec.get("output_dir") or f"runs/experiments/{name}"),
+        keep_models=keep_models,
     )
 
 
@@ -313,4 +326,7 @@ def run_experiment(
                 resume=resume_run,
                 callbacks=[_progress_callback(bar), *(callbacks or [])],
             )
+            if not exp.keep_models:
+                for name in MODEL_DIRS:
+                    shutil.rmtree(out / run / name, ignore_errors=True)
     return write_report(out, exp, {run: out / run for run in runs}, seeds)
