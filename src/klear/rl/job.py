@@ -180,6 +180,7 @@ def run_rl(
     from trl import GRPOConfig, GRPOTrainer
 
     from klear.eval.heldout import paired_difference
+    from klear.integrations.vllm import build_trainer
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.rl.periodic_eval import HeldoutCurveCallback
     from klear.rl.reward_fn import make_klear_reward
@@ -232,7 +233,8 @@ def run_rl(
     torch.manual_seed(seed)
 
     with run_dir.removed_on_failure():  # a run that fails before training leaves no directory behind
-        trainer = trainer_cls(
+        trainer = build_trainer(
+            trainer_cls,
             model=setup.model_path,
             reward_funcs=make_klear_reward(**(config.get("reward") or {})),
             args=args,
