@@ -149,6 +149,18 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
         for run in ("gppo/seed0", "gppo/seed1")
     ]
     assert summary["arms"]["gppo"]["metrics"]["grad_norm"]["mean"] == pytest.approx(sum(per_run) / 2)
+    # grad_norm of clip minus gppo, paired by seed and step: per-seed mean difference, then across seeds
+    diffs = []
+    for seed in (0, 1):
+        g = {r["step"]: r["grad_norm"] for r in map(json.loads, (out / f"gppo/seed{seed}/metrics.jsonl").open())}
+        c = {r["step"]: r["grad_norm"] for r in map(json.loads, (out / f"clip/seed{seed}/metrics.jsonl").open())}
+        diffs.append([c[k] - g[k] for k in (1, 2)])
+    vs_ref = summary["arms"]["clip"]["metrics_vs_reference"]["grad_norm"]
+    per_seed = [(a + b) / 2 for a, b in diffs]
+    assert vs_ref["mean"] == pytest.approx(sum(per_seed) / 2)
+    assert vs_ref["high"] - vs_ref["mean"] == pytest.approx(T_975_DF1 * abs(per_seed[0] - per_seed[1]) / 2)
+    assert vs_ref["n_higher"] == sum(d > 0 for row in diffs for d in row)
+    assert "## Training metrics minus `gppo`" in text and "metrics_vs_reference" not in summary["arms"]["gppo"]
 
     # a finished experiment re-runs no training
     monkeypatch.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("a finished run was run again"))

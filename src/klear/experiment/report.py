@@ -12,7 +12,11 @@ Per arm, over its seeds (each number below is first computed per run, then aggre
   normal-approximation 95% CI over problems, sign/McNemar p);
 * training metrics from ``metrics.jsonl``, each run's mean over the steps that log it (rollout metrics are
   logged on the first step of a rollout batch), then mean and 95% interval across seeds: :data:`METRICS`.
-  klear and TRL name some metrics differently; the first name present is used (TRL logs no ``ppo_kl``).
+  klear and TRL name some metrics differently; the first name present is used (TRL logs no ``ppo_kl``);
+* the same metrics as differences from the reference arm, paired by seed and step (runs of one seed share the
+  rollout seed, so their first rollout batch is the same): per seed the mean of ``arm - reference`` over the
+  steps both logged, then mean and 95% interval across seeds; and how many (seed, step) pairs are higher or
+  lower than the reference (descriptive: steps within a run are not independent).
 
 Files written in the experiment directory: ``report.md``, ``summary.json`` (every number of the report),
 ``heldout_vs_step.png``, ``heldout_vs_time.png``, ``training_metrics.png``.
@@ -153,6 +157,12 @@ def summarize(exp, run_dirs: dict[str, Path], seeds: list[int]) -> dict[str, Any
     for arm, stats in arms.items():
         if arm != exp.reference:
             stats["paired_vs_reference"] = paired_difference(ref, stats["per_problem"])
+            stats["metrics_vs_reference"] = {
+                name: paired_metric_difference(
+                    [(data[arm][s]["metrics"][name], data[exp.reference][s]["metrics"][name]) for s in seeds]
+                )
+                for name, _ in METRICS
+            }
     return {
         "experiment": exp.name,
         "reference": exp.reference,
@@ -160,6 +170,29 @@ def summarize(exp, run_dirs: dict[str, Path], seeds: list[int]) -> dict[str, Any
         "n_problems": len(ids[first]),
         "arms": arms,
     }
+
+
+def paired_metric_difference(pairs: list[tuple[dict[int, float], dict[int, float]]]) -> dict[str, Any]:
+    """An arm's metric minus the reference's, paired by seed and step.
+
+    Args:
+        pairs: per seed, ``(arm series, reference series)``, each ``{step: value}`` (:func:`metric_series`).
+
+    Returns:
+        :func:`mean_ci` of the per-seed mean differences over the steps both series have (seeds with no
+        common step are left out), plus ``n_higher``/``n_lower``: (seed, step) pairs where the arm is
+        above/below the reference.
+    """
+    per_seed, higher, lower = [], 0, 0
+    for arm, ref in pairs:
+        steps = sorted(set(arm) & set(ref))
+        if not steps:
+            continue
+        diffs = [arm[k] - ref[k] for k in steps]
+        per_seed.append(statistics.fmean(diffs))
+        higher += sum(d > 0 for d in diffs)
+        lower += sum(d < 0 for d in diffs)
+    return {**mean_ci(per_seed), "n_higher": higher, "n_lower": lower}
 
 
 def _series_stats(series: list[dict[int, float]]) -> list[dict[str, Any]]:
@@ -207,7 +240,7 @@ def _plot_metrics(summary: dict[str, Any], path: Path) -> None:
             if not points:
                 continue
             x = [p["step"] for p in points]
-            ax.plot(x, [p["mean"] for p in points], label=arm)
+            ax.plot(x, [p["mean"] for p in points], marker="o", markersize=3, label=arm)
             if all(p["low"] is not None for p in points):
                 ax.fill_between(x, [p["low"] for p in points], [p["high"] for p in points], alpha=0.2)
         ax.set_title(name)
@@ -278,6 +311,24 @@ def format_report(exp, summary: dict[str, Any]) -> str:
     for arm, s in arms.items():
         lines.append(f"| {arm} | " + " | ".join(_fmt(s["metrics"][name], 4) for name, _ in METRICS) + " |")
     lines += ["", "![training metrics](training_metrics.png)", ""]
+    others = [arm for arm in arms if arm != ref]
+    if others:
+        lines += [
+            f"## Training metrics minus `{ref}`, paired by seed and step",
+            "",
+            "Per seed the mean over steps of arm minus reference, then mean [95% CI] over seeds; in brackets the "
+            "(seed, step) pairs above / below the reference.",
+            "",
+            "| arm | " + " | ".join(name for name, _ in METRICS) + " |",
+            "|---" * (len(METRICS) + 1) + "|",
+        ]
+        for arm in others:
+            cells = []
+            for name, _ in METRICS:
+                d = arms[arm]["metrics_vs_reference"][name]
+                cells.append("n/a" if d["mean"] is None else f"{_fmt(d, 4)} ({d['n_higher']}/{d['n_lower']})")
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
