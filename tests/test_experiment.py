@@ -122,6 +122,7 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
         assert (out / name).stat().st_size > 0, name
     text = report.read_text()
     assert "| gppo |" in text and "| clip |" in text and "(reference)" in text
+    assert f"Experiment file `{tmp_path / 'tiny.yaml'}`" in text  # not a shipped file: its own path
 
     # the report's numbers, recomputed from the per-run files
     summary = json.loads((out / "summary.json").read_text())
@@ -271,3 +272,9 @@ def test_shipped_experiments_are_valid(path, tmp_path):
     exp = load_experiment(path.stem)
     runs = plan_runs(exp, exp.seeds, tmp_path)
     assert len(runs) == len(exp.arms) * len(exp.seeds) and exp.reference in exp.arms
+
+
+def test_report_names_a_shipped_file_by_its_repository_path():
+    from klear.experiment.report import _shown_path
+
+    assert _shown_path(EXPERIMENT_DIR / "alpha_sweep.yaml") == "configs/experiments/alpha_sweep.yaml"

@@ -262,6 +262,16 @@ def _fmt(stats: dict[str, Any], digits: int = 3) -> str:
     return f"{stats['mean']:.{digits}f} [{stats['low']:.{digits}f}, {stats['high']:.{digits}f}]"
 
 
+def _shown_path(path: Path) -> str:
+    """A shipped experiment file as ``configs/experiments/<name>.yaml`` (not this machine's install path)."""
+    from klear.config import CONFIG_DIR
+
+    try:
+        return "configs/" + Path(path).resolve().relative_to(CONFIG_DIR.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def format_report(exp, summary: dict[str, Any]) -> str:
     """``report.md``'s text for a :func:`summarize` result."""
     arms, ref = summary["arms"], summary["reference"]
@@ -269,7 +279,7 @@ def format_report(exp, summary: dict[str, Any]) -> str:
     if exp.description:
         lines += [exp.description, ""]
     lines += [
-        f"Experiment file `{exp.source}`; seeds {summary['seeds']} (`trainer.seed`); "
+        f"Experiment file `{_shown_path(exp.source)}`; seeds {summary['seeds']} (`trainer.seed`); "
         f"{summary['n_problems']} held-out problems, the same for every run; reference arm `{ref}`.",
         "",
         "Intervals: 95% Student-t across seeds. Paired test: per-problem correctness averaged over seeds, arm "
