@@ -47,7 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPPO reinforcement learning (default recipe: the tiny CPU demo)",
         description="Train with GPPO. Overrides use dotted keys, e.g. trainer.learning_rate=1e-6 data.train=x.jsonl",
     )
-    add_run_arguments(rl, default_recipe="rl_demo", recipes="rl_demo, rl_math_klear, rl_code_demo, rl_code_klear")
+    add_run_arguments(
+        rl,
+        default_recipe="rl_demo",
+        recipes="rl_demo, rl_math_klear, rl_math_cegppo, rl_math_erc, rl_code_demo, rl_code_klear",
+    )
     rl.set_defaults(func=_rl)
     for module_name in _SUBCOMMAND_MODULES:
         importlib.import_module(module_name).add_parser(sub)
