@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -45,3 +46,22 @@ def shared_file(*parts: str) -> Path:
     if not path.is_file():
         pytest.skip(f"{path} not available")
     return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    """Write ``rows`` to ``path`` as JSON lines; returns ``path``."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def math_rows(n: int, start: int = 0) -> list[dict]:
+    """``n`` verl-layout math rows "What is i + 1?" (ground truth ``i + 1``) for i in ``start, start + n``."""
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
+            "data_source": "math_test",
+            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+            "extra_info": {"index": i},
+        }
+        for i in range(start, start + n)
+    ]

@@ -12,6 +12,7 @@ import torch
 import yaml
 from transformers import TrainerCallback
 
+from conftest import math_rows, write_jsonl
 from klear.experiment import EXPERIMENT_DIR, load_experiment, plan_runs, run_experiment
 from klear.rl.job import run_rl, validate_job_config
 from klear.rl.trl_peer import TRLPeerConfig, TRLPeerTrainer, peer_trainer_section
@@ -20,26 +21,9 @@ T_975_DF1 = 12.706204736174707  # Student t quantile 0.975, 1 degree of freedom 
 Z_975 = 1.959963984540054
 
 
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def _rows(n, start=0):
-    return [
-        {
-            "prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
-            "data_source": "math_test",
-            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
-            "extra_info": {"index": i},
-        }
-        for i in range(start, start + n)
-    ]
-
-
 def _base(tmp_path, ckpt):
-    train = _write_jsonl(tmp_path / "train.jsonl", _rows(8))
-    heldout = _write_jsonl(tmp_path / "heldout.jsonl", _rows(4, start=100))
+    train = write_jsonl(tmp_path / "train.jsonl", math_rows(8))
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", math_rows(4, start=100))
     return {
         "model": str(ckpt),
         "output_dir": "unused",

@@ -7,31 +7,15 @@ import json
 import pytest
 import yaml
 
+from conftest import math_rows, write_jsonl
 from klear.cli import main
 from klear.config import apply_overrides, load_config, parse_override
 from klear.rl.job import run_rl, validate_job_config
 
 
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def _rows(n, start=0):
-    return [
-        {
-            "prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
-            "data_source": "math_test",
-            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
-            "extra_info": {"index": i},
-        }
-        for i in range(start, start + n)
-    ]
-
-
 def _job(tmp_path, ckpt, **trainer):
-    train = _write_jsonl(tmp_path / "train.jsonl", _rows(8))
-    heldout = _write_jsonl(tmp_path / "heldout.jsonl", _rows(4, start=100))
+    train = write_jsonl(tmp_path / "train.jsonl", math_rows(8))
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", math_rows(4, start=100))
     cfg = {
         "model": str(ckpt),
         "output_dir": str(tmp_path / "run"),
@@ -91,9 +75,9 @@ def test_resume_without_checkpoint_fails(tmp_path, tiny_ckpt):
 
 
 def test_row_without_ground_truth_names_file_row_field(tmp_path, tiny_ckpt, capsys):
-    rows = _rows(4)
+    rows = math_rows(4)
     del rows[2]["reward_model"]["ground_truth"]
-    bad = _write_jsonl(tmp_path / "bad.jsonl", rows)
+    bad = write_jsonl(tmp_path / "bad.jsonl", rows)
     cfg_path = tmp_path / "recipe.yaml"
     cfg = _job(tmp_path, tiny_ckpt)
     cfg_path.write_text(yaml.safe_dump(cfg))
