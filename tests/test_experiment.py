@@ -271,3 +271,14 @@ def test_a_later_arm_that_cannot_run_fails_before_any_run(tmp_path, tiny_ckpt, m
     with pytest.raises(ValueError, match=r"arm vllm, seed 0: trainer.use_vllm=true: vLLM is not installed"):
         run_experiment(exp, seeds=[0])
     assert not (tmp_path / "exp" / "gppo").exists()  # the first arm did not run either
+
+
+def test_an_arm_the_trainer_would_refuse_fails_when_the_grid_is_planned(tmp_path, tiny_ckpt, monkeypatch):
+    """TRL's own check (the generation batch divisible by num_generations) runs at plan time, not after the
+    earlier arms trained."""
+    monkeypatch.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("a run started"))
+    exp = _experiment(tmp_path, tiny_ckpt)
+    exp.arms = {"gppo": {}, "odd": {"trainer.per_device_train_batch_size": 3, "trainer.steps_per_generation": 1}}
+    with pytest.raises(ValueError, match=r"arm odd, seed 0: trainer: generation_batch_size \(3\) must be divisible by num_generations \(2\)"):
+        run_experiment(exp, seeds=[0])
+    assert not (tmp_path / "exp").exists()

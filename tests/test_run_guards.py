@@ -161,6 +161,7 @@ def test_rl_bad_dataset_row_writes_nothing(tmp_path, tiny_ckpt, capsys):
 def test_failure_before_training_removes_only_a_new_run_directory(tmp_path, tiny_ckpt, monkeypatch, stage):
     import shutil
 
+    from klear.lifecycle import mark_complete
     from klear.rl.job import run_rl
     from klear.rl.trainer import GPPOTrainer
     from klear.sft.job import run_sft
@@ -190,6 +191,7 @@ def test_failure_before_training_removes_only_a_new_run_directory(tmp_path, tiny
     ckpt = out / "checkpoints" / "checkpoint-1"  # a resumed run (checkpoint of the same model)
     ckpt.mkdir(parents=True)
     shutil.copy(tiny_ckpt / "config.json", ckpt / "config.json")
+    mark_complete(ckpt, 1)
     with pytest.raises(RuntimeError):
         run(config, resume=True)
     assert (out / "config.yaml").is_file() and ckpt.is_dir()

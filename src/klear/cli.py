@@ -71,8 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return ns.func(ns)
     except (ValueError, FileNotFoundError) as e:
+        _close_progress_bars()  # an error during training: the message gets its own line
         print(f"klear {ns.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _close_progress_bars() -> None:
+    tqdm_module = sys.modules.get("tqdm")
+    if tqdm_module is not None:
+        for bar in list(getattr(tqdm_module.tqdm, "_instances", ())):
+            bar.close()
 
 
 if __name__ == "__main__":

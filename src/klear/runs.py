@@ -123,23 +123,166 @@ def check_trainer_section(trainer: Any, config_cls: type, source: str) -> None:
             raise ValueError(f"{source}: trainer.{key}={value!r} must be true or false")
 
 
-def resolve_resume(output_dir: Path, resume: bool | str) -> str | Literal[False]:
-    """``resume`` as a checkpoint path (``True``: the latest in ``output_dir/checkpoints``), or ``False``.
+# Ranges of trainer settings (TrainingArguments, GRPOConfig, SFTConfig and klear's fields), checked on the built
+# arguments before any model loads: name -> (test, what is expected). Every number must also be finite.
+_TRAINER_RANGES: dict[str, tuple[Any, str]] = {
+    "learning_rate": (lambda v: v >= 0, ">= 0"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    "adam_beta1": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "adam_beta2": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "adam_epsilon": (lambda v: v > 0, "> 0"),
+    "num_train_epochs": (lambda v: v > 0, "> 0"),
+    "max_steps": (lambda v: v == -1 or v >= 1, ">= 1, or -1 (train num_train_epochs epochs)"),
+    "warmup_steps": (lambda v: v >= 0, ">= 0 (a fraction of the steps when < 1)"),
+    "logging_steps": (lambda v: v > 0, "> 0"),
+    "save_steps": (lambda v: v > 0, "> 0"),
+    "save_total_limit": (lambda v: v is None or v >= 1, ">= 1, or null (keep every checkpoint)"),
+    "per_device_train_batch_size": (lambda v: v >= 1, ">= 1"),
+    "gradient_accumulation_steps": (lambda v: v >= 1, ">= 1"),
+    "temperature": (lambda v: v > 0, "> 0 (the rollout's sampling temperature)"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "steps_per_generation": (lambda v: v is None or v >= 1, ">= 1"),
+    "num_iterations": (lambda v: v >= 1, ">= 1"),
+    "max_completion_length": (lambda v: v is None or v >= 1, ">= 1"),
+    "max_length": (lambda v: v is None or v >= 1, ">= 1, or null (no truncation)"),
+    "lr_floor": (lambda v: v is None or v >= 0, ">= 0, or null"),
+}
+
+
+def check_trainer_ranges(args: Any, source: str) -> None:
+    """Check the built trainer arguments against :data:`_TRAINER_RANGES`, and that every number is finite.
 
     Raises:
-        FileNotFoundError: no checkpoint to resume from.
+        ValueError: one line naming ``source``, the field, its value and the expected range.
     """
-    ckpt_dir = Path(output_dir) / "checkpoints"
-    if resume is True:
-        from transformers.trainer_utils import get_last_checkpoint
+    import math
 
-        last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-        if last is None:
-            raise FileNotFoundError(f"--resume: no checkpoint found in {ckpt_dir}")
-        return last
-    if resume and not Path(resume).is_dir():
-        raise FileNotFoundError(f"--resume: checkpoint {resume} does not exist")
-    return resume or False
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{source}: trainer.{f.name}={value!r} must be a finite number")
+        rule = _TRAINER_RANGES.get(f.name)
+        if rule is None:
+            continue
+        try:
+            ok = bool(rule[0](value))
+        except TypeError:  # None where a number is needed
+            ok = False
+        if not ok:
+            raise ValueError(f"{source}: trainer.{f.name}={value!r} must be {rule[1]}")
+
+
+def trainer_arguments(
+    config: dict[str, Any],
+    *,
+    source: str,
+    config_cls: type,
+    trainer_defaults: dict[str, Any] | None = None,
+    machine_checks: bool = True,
+) -> tuple[dict[str, Any], Precision, Any]:
+    """The trainer's arguments of a recipe, built exactly as the run builds them (no model, no file written):
+    precision and device resolved (:func:`klear.precision.resolve_trainer_precision`), vLLM-on-CPU settings
+    (:func:`klear.integrations.vllm.cpu_rollout_settings`), klear's defaults (``seed`` = the run's seed,
+    ``logging_steps=1``, ``report_to=["tensorboard"]``, then ``trainer_defaults``), ``config_cls``'s own checks
+    (e.g. TRL's batch-size divisibility) and :func:`check_trainer_ranges`. Used by the jobs' validators (so
+    ``klear experiment`` runs every check when it plans the grid) and by :func:`prepare_run`.
+
+    With ``machine_checks=False`` (the validators) a precision this machine cannot run (``bf16: true`` without a
+    CUDA GPU) is left to :func:`prepare_run`: a GPU recipe still validates on a laptop, and everything else in
+    it is checked as this machine would build it (vLLM-on-CPU settings are then not checked either).
+
+    Returns:
+        ``(trainer_cfg, precision, args)``: the resolved ``trainer`` section, the precision decision, and
+        ``config_cls(output_dir=<output_dir>/checkpoints, **trainer_cfg)``.
+
+    Raises:
+        ValueError: one line prefixed with ``source``.
+    """
+    from klear.precision import resolve_trainer_precision
+
+    silence_checkpointing_deprecations()  # TRL's configs set the old name
+    out = Path(config["output_dir"])
+    other_machine = False
+    try:
+        trainer_cfg, precision = resolve_trainer_precision(config["trainer"])
+    except ValueError as e:
+        if machine_checks:
+            raise ValueError(f"{source}: {e}") from None
+        # a recipe for another machine (bf16 on a GPU): check everything else as this machine would build it
+        other_machine = True
+        trainer_cfg, precision = resolve_trainer_precision(
+            {k: v for k, v in config["trainer"].items() if k not in ("bf16", "fp16")}
+        )
+    if precision.device == "cpu" and trainer_cfg.get("use_vllm") and not other_machine:
+        from klear.integrations.vllm import cpu_rollout_settings
+
+        try:
+            trainer_cfg = cpu_rollout_settings(trainer_cfg)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+    for key, value in {
+        "seed": int(config.get("seed", 0)),
+        "logging_steps": 1,
+        "report_to": ["tensorboard"],
+        **(trainer_defaults or {}),
+    }.items():
+        trainer_cfg.setdefault(key, value)
+    try:
+        args = config_cls(output_dir=str(out / "checkpoints"), **trainer_cfg)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{source}: trainer: {' '.join(str(e).split())}") from None
+    check_trainer_ranges(args, source)
+    return trainer_cfg, precision, args
+
+
+def resolve_resume(output_dir: Path, resume: bool | str) -> str | Literal[False]:
+    """``resume`` as a checkpoint path (``True``: the newest complete one in ``output_dir/checkpoints``,
+    :func:`klear.lifecycle.latest_complete_checkpoint`), or ``False``. Prints which checkpoint it took and
+    the incomplete newer ones it skips (a save that was killed or ran out of disk); the main process
+    removes those, since the resumed run writes those steps again.
+
+    Raises:
+        FileNotFoundError: no (complete) checkpoint to resume from.
+        ValueError: ``resume`` names a checkpoint whose save did not finish (one line, naming the newest
+            complete one).
+    """
+    from klear.lifecycle import complete_checkpoints, is_complete_checkpoint
+
+    ckpt_dir = Path(output_dir) / "checkpoints"
+    complete, incomplete = complete_checkpoints(ckpt_dir)
+    if resume is True:
+        if not complete:
+            what = f" (only incomplete ones: {', '.join(p.name for p in incomplete)})" if incomplete else ""
+            raise FileNotFoundError(f"--resume: no checkpoint found in {ckpt_dir}{what}")
+        last = complete[-1]
+        skipped = [p for p in incomplete if p.name != last.name and _step_of(p) > _step_of(last)]
+        if skipped:
+            print(
+                f"--resume: skipping incomplete checkpoint(s) {', '.join(p.name for p in skipped)} (a save that did "
+                "not finish); removing them",
+                flush=True,
+            )
+            if is_main_process():
+                for p in skipped:
+                    shutil.rmtree(p, ignore_errors=True)
+        print(f"--resume: continuing from {last} (step {_step_of(last)})", flush=True)
+        return str(last)
+    if resume:
+        path = Path(resume)
+        if not path.is_dir():
+            raise FileNotFoundError(f"--resume-from: checkpoint {resume} does not exist")
+        if not is_complete_checkpoint(path, legacy=True):  # a checkpoint given by hand: its own files decide
+            newest = f"the newest complete one is {complete[-1]}" if complete else "no complete checkpoint there"
+            raise ValueError(f"--resume-from {resume}: an incomplete checkpoint (its save did not finish); {newest}")
+        return str(resume)
+    return False
+
+
+def _step_of(path: Path) -> int:
+    from klear.lifecycle import checkpoint_step
+
+    return checkpoint_step(path) or 0
 
 
 def is_main_process() -> bool:
@@ -485,35 +628,14 @@ def prepare_run(
     from transformers import AutoConfig
 
     from klear.models.embedded import resolve_model_path
-    from klear.precision import resolve_trainer_precision
 
-    silence_checkpointing_deprecations()
     out = Path(config["output_dir"])
     flag = "--resume" if resume is True else "--resume-from"
+    trainer_cfg, precision, args = trainer_arguments(
+        config, source=source, config_cls=config_cls, trainer_defaults=trainer_defaults
+    )
     resume = resolve_resume(out, resume)
     seed = int(config.get("seed", 0))
-    try:
-        trainer_cfg, precision = resolve_trainer_precision(config["trainer"])
-    except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
-    if precision.device == "cpu" and trainer_cfg.get("use_vllm"):
-        from klear.integrations.vllm import cpu_rollout_settings
-
-        try:
-            trainer_cfg = cpu_rollout_settings(trainer_cfg)
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
-    for key, value in {
-        "seed": seed,
-        "logging_steps": 1,
-        "report_to": ["tensorboard"],
-        **(trainer_defaults or {}),
-    }.items():
-        trainer_cfg.setdefault(key, value)
-    try:
-        args = config_cls(output_dir=str(out / "checkpoints"), **trainer_cfg)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{source}: trainer: {e}") from None
     model_path = resolve_model_path(str(config["model"]))
     model_config = AutoConfig.from_pretrained(model_path)
     if resume:

@@ -245,11 +245,11 @@ def _check_plan(out: Path, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _last_checkpoint_step(run_dir: Path) -> int | None:
-    from transformers.trainer_utils import get_last_checkpoint
+    """The step of the run's newest complete checkpoint (:func:`klear.lifecycle.latest_complete_checkpoint`)."""
+    from klear.lifecycle import checkpoint_step, latest_complete_checkpoint
 
-    ckpt_dir = run_dir / "checkpoints"
-    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-    return int(Path(last).name.split("-")[-1]) if last else None
+    last = latest_complete_checkpoint(run_dir / "checkpoints")
+    return checkpoint_step(last) if last else None
 
 
 def _progress_callback(bar):

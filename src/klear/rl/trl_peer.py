@@ -33,6 +33,8 @@ from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer
 
+from klear.lifecycle import LifecycleMixin
+
 ADV_STD_CHOICES = ("sample", "population")
 
 # GPPO-only settings with the value that makes them plain TRL (None: the setting must be absent or at
@@ -78,7 +80,7 @@ class TRLPeerConfig(GRPOConfig):
             )
 
 
-class TRLPeerTrainer(GRPOTrainer):
+class TRLPeerTrainer(LifecycleMixin, GRPOTrainer):
     """TRL's ``GRPOTrainer``, unchanged except for the optional population-std rescale (``args.adv_std``)."""
 
     def _generate_and_score_completions(self, inputs):

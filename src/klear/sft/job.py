@@ -59,6 +59,9 @@ _DATA_KEYS = {
     "easy_pass_rate",
 }
 
+# klear's SFT defaults under the recipe's trainer section: the loss on the response tokens only (paper Sec. 3.1)
+SFT_TRAINER_DEFAULTS = {"completion_only_loss": True}
+
 __all__ = ["format_compliant", "format_report", "run_sft", "validate_sft_config"]
 
 
@@ -70,7 +73,7 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
             trainer field that :class:`KlearSFTConfig` does not have (with a "did you mean"), or a
             trainer value of the wrong type.
     """
-    from klear.runs import check_eval_section, check_int, check_trainer_section
+    from klear.runs import check_eval_section, check_int, check_trainer_section, trainer_arguments
     from klear.runs import check_section_keys as _check_keys
     from klear.sft.trainer import KlearSFTConfig
 
@@ -125,6 +128,10 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
                 )
     if data.get("filter", "none") not in ("none", "correct", "by_difficulty"):
         raise ValueError(f"{source}: data.filter={data.get('filter')!r} must be none, correct or by_difficulty")
+    # every check the run makes on its trainer arguments (SFTConfig's, ranges), before any model loads
+    trainer_arguments(
+        config, source=source, config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS, machine_checks=False
+    )
 
 
 def _build_datasets(data: dict[str, Any], seed: int):
@@ -241,7 +248,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     from klear.utils.plotting import SFT_PANELS
 
     setup = prepare_run(
-        config, source=source, resume=resume, config_cls=KlearSFTConfig, trainer_defaults={"completion_only_loss": True}
+        config, source=source, resume=resume, config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS
     )
     out, seed = setup.out, setup.seed
     t0 = time.time()

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from torch.optim.lr_scheduler import LambdaLR
 from trl import SFTConfig, SFTTrainer
 
+from klear.lifecycle import LifecycleMixin
+
 __all__ = ["KlearSFTConfig", "KlearSFTTrainer", "cosine_to_floor_lr"]
 
 
@@ -99,7 +101,7 @@ class KlearSFTConfig(SFTConfig):
                 raise ValueError(f"lr_floor={self.lr_floor} must be in [0, learning_rate={self.learning_rate}]")
 
 
-class KlearSFTTrainer(SFTTrainer):
+class KlearSFTTrainer(LifecycleMixin, SFTTrainer):
     """``trl.SFTTrainer`` with token-level loss averaging over the optimizer batch and the cosine-to-floor LR.
 
     Use with a :class:`KlearSFTConfig` and a prompt-completion dataset (:mod:`klear.sft.data`).
