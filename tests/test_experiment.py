@@ -279,6 +279,7 @@ def test_an_arm_the_trainer_would_refuse_fails_when_the_grid_is_planned(tmp_path
     monkeypatch.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("a run started"))
     exp = _experiment(tmp_path, tiny_ckpt)
     exp.arms = {"gppo": {}, "odd": {"trainer.per_device_train_batch_size": 3, "trainer.steps_per_generation": 1}}
-    with pytest.raises(ValueError, match=r"arm odd, seed 0: trainer: generation_batch_size \(3\) must be divisible by num_generations \(2\)"):
+    expected = r"arm odd, seed 0: trainer: generation_batch_size \(3\) must be divisible by num_generations \(2\)"
+    with pytest.raises(ValueError, match=expected):
         run_experiment(exp, seeds=[0])
     assert not (tmp_path / "exp").exists()
