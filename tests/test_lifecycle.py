@@ -121,8 +121,9 @@ def test_resume_skips_a_checkpoint_killed_mid_save(tmp_path, tiny_ckpt, monkeypa
 
 @pytest.mark.parametrize("stage", ["rl", "sft"])
 def test_resuming_a_finished_run_trains_no_extra_step(tmp_path, tiny_ckpt, stage):
-    recipe, out = _recipe(tmp_path, tiny_ckpt, stage)
+    recipe, out = _recipe(tmp_path, tiny_ckpt, stage, save_total_limit=1)
     assert main([stage, "--config", str(recipe)]) == 0
+    assert complete_checkpoints(out / "checkpoints") == ([out / "checkpoints" / "checkpoint-2"], [])  # rotated
     weights = {
         k: v.clone() for k, v in transformers.AutoModelForCausalLM.from_pretrained(out / "final").state_dict().items()
     }

@@ -132,13 +132,14 @@ class LifecycleMixin:
         try:
             super()._save_checkpoint(model, trial)  # type: ignore[misc]
         except Exception as e:  # disk full: OSError, safetensors' SafetensorError, torch's RuntimeError
-            if args.should_save:
-                shutil.rmtree(folder, ignore_errors=True)
             free = ""
             try:
-                free = f"; {shutil.disk_usage(run_dir).free / 2**30:.1f} GiB free there"
+                mib = shutil.disk_usage(run_dir).free / 2**20
+                free = f"; {mib:.0f} MiB free there" + (" (the disk is full)" if mib < 64 else "")
             except OSError:
                 pass
+            if args.should_save:
+                shutil.rmtree(folder, ignore_errors=True)
             last = f"the last complete checkpoint is {last_good}" if last_good else "no complete checkpoint yet"
             raise ValueError(
                 f"checkpoint {folder}: saving step {step} failed ({_one_line(e)}){free}; removed the partial "
