@@ -122,15 +122,15 @@ class LifecycleMixin:
     def _save_checkpoint(self, model, trial):
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-        args = self.args  # type: ignore[attr-defined]
-        step = self.state.global_step  # type: ignore[attr-defined]
-        run_dir = Path(self._get_output_dir(trial=trial))  # type: ignore[attr-defined]
+        args = self.args
+        step = self.state.global_step
+        run_dir = Path(self._get_output_dir(trial=trial))
         folder = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{step}"
         last_good = latest_complete_checkpoint(run_dir)
         limit = args.save_total_limit
         args.save_total_limit = None  # rotate below, once this checkpoint is complete
         try:
-            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+            super()._save_checkpoint(model, trial)
         except Exception as e:  # disk full: OSError, safetensors' SafetensorError, torch's RuntimeError
             free = ""
             try:
@@ -147,30 +147,30 @@ class LifecycleMixin:
             ) from e
         finally:
             args.save_total_limit = limit
-        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+        self.accelerator.wait_for_everyone()
         if args.should_save:
             mark_complete(folder, step)
             rotate_checkpoints(
                 output_dir=str(run_dir),
                 save_total_limit=limit,
-                best_model_checkpoint=self.state.best_model_checkpoint,  # type: ignore[attr-defined]
+                best_model_checkpoint=self.state.best_model_checkpoint,
                 use_mtime=True,
             )
 
     # ------------------------------------------------------------------ exact step count
     def _run_epoch(self, *args, **kwargs):
-        state = self.state  # type: ignore[attr-defined]
+        state = self.state
         if state.max_steps > 0 and state.global_step >= state.max_steps:
             # resumed at (or past) max_steps: transformers would train one step before checking
-            self.control.should_training_stop = True  # type: ignore[attr-defined]
+            self.control.should_training_stop = True
             return None
-        return super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
+        return super()._run_epoch(*args, **kwargs)
 
     # ------------------------------------------------------------------ finite training
     def training_step(self, model, inputs, num_items_in_batch=None):
         import torch
 
-        loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+        loss = super().training_step(model, inputs, num_items_in_batch)
         bad = ~torch.isfinite(loss.detach()).all()
         flag = getattr(self, "_klear_nonfinite_loss", None)
         self._klear_nonfinite_loss = bad if flag is None else (flag | bad)  # no host sync here
@@ -178,7 +178,7 @@ class LifecycleMixin:
 
     def _maybe_log_save_evaluate(self, *args, **kwargs):
         self._check_finite()
-        return super()._maybe_log_save_evaluate(*args, **kwargs)  # type: ignore[misc]
+        return super()._maybe_log_save_evaluate(*args, **kwargs)
 
     def _check_finite(self) -> None:
         """Raise ``ValueError`` if a loss since the last check or any parameter is non-finite (on any process)."""
@@ -188,17 +188,17 @@ class LifecycleMixin:
         self._klear_nonfinite_loss = None
         if flag is None:  # the epoch-end call right after a step's: nothing new
             return
-        params = [p.detach() for p in self.model.parameters()]  # type: ignore[attr-defined]
+        params = [p.detach() for p in self.model.parameters()]
         bad_params = not torch.stack([torch.isfinite(p).all() for p in params]).all() if params else False
         bad = torch.stack([flag.reshape(()).to(torch.bool).cpu(), torch.tensor(bool(bad_params))]).to(torch.int64)
-        acc = self.accelerator  # type: ignore[attr-defined]
+        acc = self.accelerator
         if acc.num_processes > 1:
             bad = acc.reduce(bad.to(acc.device), reduction="sum").cpu()
         if not bad.any():
             return
-        step = self.state.global_step  # type: ignore[attr-defined]
+        step = self.state.global_step
         what = " and ".join(n for n, b in zip(("the loss", "the parameters"), bad.tolist(), strict=True) if b)
-        last = latest_complete_checkpoint(Path(self.args.output_dir))  # type: ignore[attr-defined]
+        last = latest_complete_checkpoint(Path(self.args.output_dir))
         keep = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
         raise ValueError(
             f"step {step}: {what} became non-finite (NaN/inf); stopped before saving it, {keep}: lower "
