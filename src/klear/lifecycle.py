@@ -118,6 +118,13 @@ class LifecycleMixin:
     """Mix into a ``transformers.Trainer`` subclass (before it in the bases) for the rules of the module
     docstring. Holds no training math; every trainer of klear uses it."""
 
+    # provided by transformers.Trainer (annotations only, for type checkers)
+    args: Any
+    state: Any
+    control: Any
+    model: Any
+    accelerator: Any
+
     # ------------------------------------------------------------------ complete checkpoints
     def _save_checkpoint(self, model, trial):
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
