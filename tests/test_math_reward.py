@@ -32,8 +32,10 @@ from klear.rewards import (
 from klear.rewards.math_reward import get_math_pool
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
-# Unbounded, sympy spends well over 30 s on this (it tries to evaluate 9^(9^9) exactly).
-PATHOLOGICAL = r"\boxed{9^{9^{9}}}"
+# Unbounded, sympy spends well over 30 s comparing this with a small number (simplify tries to evaluate
+# 9^(9^9) exactly). The bare integer 9^{9^9} is now decided at once (rule "exact integers"); a
+# fraction of it is still beyond every rule, so it shows the time limit at work.
+PATHOLOGICAL = r"\boxed{\frac{1}{9^{9^{9}}}}"
 
 
 def boxed(x: str) -> str:
