@@ -27,6 +27,8 @@ Sources (:func:`load_benchmark`):
     ``meta.solution``, ``final_answer`` (or ``answer_field``). Field names may be dotted paths
     (``meta.solution``; integers index lists, ``messages.-1.content``). A GSM8K answer keeps
     what follows ``####`` (commas removed); an answer holding ``\\boxed{}`` keeps the last box.
+    Several acceptable answers: a real list (JSON array) or ``extra_info.acceptable_answers``
+    (:mod:`klear.rewards.gold`); a string is one answer (``"[1, 2]"`` is an interval).
 
 * ``aime24``, ``aime25``, ``hmmt25``, ``gsm8k``, ``math500``, ``livecodebench`` (and the ``_v5``/
   ``_v6`` forms) are NOT shipped: nothing can be downloaded at run time, so these names fail
@@ -275,21 +277,25 @@ def apply_math_template(messages: list[dict], template: str | None) -> list[dict
 
 def gold_answer(where: str, value: Any) -> str | list:
     """Normalise a math ground truth: numbers -> str, GSM8K ``#### N`` -> ``N`` (commas removed),
-    a worked solution with ``\\boxed{}`` -> the last box, a list -> list of str (alternatives).
+    a worked solution with ``\\boxed{}`` -> the last box, a real list (JSON array, parquet list
+    column) -> list of str (acceptable answers, :func:`klear.rewards.gold.answer_list`). A string is
+    one answer, never decoded as JSON: ``"[1, 2]"`` is an interval.
 
     Raises:
         ValueError: an empty or unusable answer (names *where*).
     """
+    from klear.rewards.gold import answer_list
     from klear.rewards.math_reward import extract_last_boxed
 
     if isinstance(value, bool) or value is None:
         raise ValueError(f"{where}: unusable answer {value!r}")
     if isinstance(value, (int, float)):
         return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-    if isinstance(value, list):
-        if not value:
+    items = answer_list(value)
+    if items is not None:
+        if not items:
             raise ValueError(f"{where}: empty answer list")
-        return [gold_answer(where, v) for v in value]
+        return [gold_answer(where, v) for v in items]
     if not isinstance(value, str):
         raise ValueError(f"{where}: answer must be a string or number, got {type(value).__name__}")
     s = value.strip()
