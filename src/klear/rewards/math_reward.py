@@ -34,7 +34,8 @@ Pipeline (:func:`math_score_detailed`):
       ``4:30 \\text{ p.m.}`` == ``\\text{4:30 p.m.}``; case-insensitive for ``\\text`` golds.
    b. **Clock** (:func:`compare_clock_times`): two clock times with am/pm are equal when they are
       the same time, whatever the meridiem's spelling (am, a.m., AM, A.M.): ``4:30 pm`` ==
-      ``\\text{4:30 PM}`` == ``\\text{4:30 p.m.}``, but ``4:30 am`` != ``4:30 p.m.``. A gold such as
+      ``\\text{4:30 PM}`` == ``\\text{4:30 p.m.}``, but ``4:30 am`` != ``4:30 p.m.`` (a bare ``2am`` is
+      left to math-verify: it may be the product ``2am``). A gold such as
       ``4:30 p.m.`` is a valid answer although math-verify extracts no expression from it.
    c. **Bases** (:func:`compare_base_numerals`): when a numeral carries a base subscript, equal
       means the same digits and, where both write one, the same base: ``52_8`` == ``52_{8}`` ==
@@ -63,7 +64,8 @@ Pipeline (:func:`math_score_detailed`):
       exactly (:func:`_integer_eq`; also in place of math-verify's ``simplify``, which ran for
       minutes on ``2^{2^{16}}``): evaluated when the value has at most about
       :data:`INT_EVAL_MAX_BITS` bits (``2^{2^{2^{2^2}}}`` == ``2^{65536}``), else compared as a base
-      without perfect powers and its exponent (``2^{2^{100}}`` == ``4^{2^{99}}``); a comparison
+      without perfect powers and its exponent, itself such a form in a tower (``2^{2^{100}}`` ==
+      ``4^{2^{99}}``, ``7^{7^{7^7}}`` == ``7^{7^{823543}}``, ``(-2)^{3^{99}}`` == ``-2^{3^{99}}``); a comparison
       that still cannot finish ends at the time limit (-1, "timeout"), never hangs the judge;
       other exact expressions are different when their values differ relatively by
       more than :data:`EXACT_REL_TOL` (``1e-50``), so tiny values are not all equal
@@ -90,6 +92,7 @@ from __future__ import annotations
 
 import decimal
 import logging
+import math
 import numbers
 import os
 import re
@@ -285,6 +288,7 @@ _NUMERAL_RE = re.compile(r"(-?)\(?([0-9A-Za-z]+)\)?(?:_\{?(\d+)\}?)?")
 _SIZING_RE = re.compile(r"\\(?:[bB]igg?)[lrm]?(?![A-Za-z])")
 #: A clock time with a meridiem, on :func:`_plain_text`: ``4:30p.m``, ``4:30PM``, ``11a.m``, ``4{:}30pm``.
 _CLOCK_RE = re.compile(r"(\d{1,2})(?:\{?:\}?([0-5]\d))?(?:\{?:\}?([0-5]\d))?([ap])\.?m", re.IGNORECASE)
+_BARE_MERIDIEM_RE = re.compile(r"\d{1,2}[ap]m", re.IGNORECASE)
 #: An interval end closed at an infinity, on :func:`_plain_text`: ``[-\infty`` or ``\infty]``.
 _CLOSED_INF_RE = re.compile(r"\[([-+]?)(?:\\infty|∞)|([-+]?)(?:\\infty|∞)\]")
 #: A unit at the end of an answer, as math-verify strips it: ``\text{...}``/``\mbox{...}`` (or
@@ -373,7 +377,10 @@ def strip_sizing(s: str) -> str:
 
 
 def _clock(s: str) -> tuple[int, int, int, str] | None:
-    """``(hour mod 12, minute, second, "a"|"p")`` for a clock time with a meridiem, else None."""
+    """``(hour mod 12, minute, second, "a"|"p")`` for a clock time with a meridiem, else None. A bare
+    ``2am``/``2PM`` (no minutes, space, periods or ``\\text``) is not one: it may be the product ``2am``."""
+    if _BARE_MERIDIEM_RE.fullmatch(s.strip()):
+        return None
     m = _CLOCK_RE.fullmatch(_plain_text(s))
     if m is None or not 1 <= int(m.group(1)) <= 12:
         return None
@@ -477,7 +484,7 @@ def _or_of_inequalities(parsed: list, latex: str) -> list:
 
 #: Integer expressions (sums, products and powers of integers) are evaluated exactly up to about
 #: this many bits (Python integers: ``2^{65536}`` takes microseconds). A larger power ``b^e`` is kept
-#: as its base without perfect powers and its exponent (:func:`_exact_integer`).
+#: as its base without perfect powers and its exponent (:class:`_HugePower`).
 INT_EVAL_MAX_BITS = 1 << 20
 #: Largest base (in bits) whose perfect-power root is looked for in an unevaluated huge power.
 _TOWER_BASE_MAX_BITS = 4096
@@ -485,32 +492,115 @@ _TOWER_BASE_MAX_BITS = 4096
 
 @dataclass(frozen=True)
 class _HugePower:
-    """``sign * root**exponent`` with more than about :data:`INT_EVAL_MAX_BITS` / 2 bits; ``root >= 2``
-    is not itself a perfect power, so two equal values have equal fields."""
+    """``sign * root**exponent``, too large to evaluate (more than about :data:`INT_EVAL_MAX_BITS` / 2
+    bits). ``root >= 2`` is not itself a perfect power and ``exponent >= 1`` is an int or, for a
+    tower such as ``7^{7^{7^7}}``, again a :class:`_HugePower` (positive). Every integer above 1 is
+    ``r**e`` for exactly one such ``r``, so two such values are equal exactly when their signs and
+    roots are and their exponents are equal (:func:`_int_values_eq`)."""
 
     sign: int
     root: int
-    exponent: int
+    exponent: int | _HugePower
 
 
-def _exact_integer(e) -> int | _HugePower | None:
+_IntValue = int | _HugePower
+
+
+def _is_odd(v: _IntValue) -> bool:
+    return v.root % 2 == 1 if isinstance(v, _HugePower) else v % 2 == 1
+
+
+def _root_valuation(k: int, root: int) -> int | None:
+    """``j`` with ``k == root**j`` (``k >= 1``), or None (also for ``k`` over
+    :data:`_TOWER_BASE_MAX_BITS` bits)."""
+    if k.bit_length() > _TOWER_BASE_MAX_BITS:
+        return None
+    j = 0
+    while k % root == 0:
+        k //= root
+        j += 1
+    return j if k == 1 else None
+
+
+def _times_exponent(k: int, x: _IntValue) -> _IntValue | None:
+    """``k * x`` for an exponent ``x >= 1`` and ``k >= 1``: exact for an int; for a huge power
+    ``r^e``, ``r^{e + j}`` when ``k = r^j`` (``2 \\cdot 2^{2^{100}}``), else None (not a power form)."""
+    if type(x) is int:
+        return k * x
+    assert isinstance(x, _HugePower)
+    if k == 1:
+        return x
+    j = _root_valuation(k, x.root)
+    if j is None or type(x.exponent) is not int:
+        return None
+    return _HugePower(1, x.root, x.exponent + j)
+
+
+def _scaled_power(c: int, h: _HugePower) -> _IntValue | None:
+    """``c * h``: ``-2^{3^{100}}`` is ``(-1, 2, 3^100)``, ``2 \\cdot 2^{2^{100}}`` is ``(1, 2, 2^100 + 1)``;
+    None when ``c`` is not ``±1`` times a power of the root."""
+    if c == 0:
+        return 0
+    sign = -h.sign if c < 0 else h.sign
+    j = _root_valuation(abs(c), h.root)
+    if j is None:
+        return None
+    if j == 0:
+        return _HugePower(sign, h.root, h.exponent)
+    return _HugePower(sign, h.root, h.exponent + j) if type(h.exponent) is int else None
+
+
+def _power(base: _IntValue, exp: _IntValue) -> _IntValue | None:
+    """``base ** exp`` (``exp >= 0``) as an int when it has at most about :data:`INT_EVAL_MAX_BITS`
+    bits, else as a :class:`_HugePower`; None when no exact form is found."""
+    if exp == 0:
+        return 1
+    if isinstance(base, _HugePower):  # (s r^e)^x = s^x r^(e x)
+        if type(exp) is not int:
+            return None  # a huge power to a huge power: not needed, left undecided
+        e = base.exponent * exp if type(base.exponent) is int else _times_exponent(exp, base.exponent)
+        return None if e is None else _HugePower(base.sign if exp % 2 else 1, base.root, e)
+    if base in (0, 1):
+        return base
+    if base == -1:
+        return -1 if _is_odd(exp) else 1
+    size = abs(base).bit_length()
+    if type(exp) is int and exp * size <= INT_EVAL_MAX_BITS:
+        return base**exp
+    if size > _TOWER_BASE_MAX_BITS:
+        return None
+    from sympy.ntheory import perfect_power
+
+    root, k = perfect_power(abs(base)) or (abs(base), 1)
+    e = _times_exponent(int(k), exp)
+    return None if e is None else _HugePower(-1 if base < 0 and _is_odd(exp) else 1, int(root), e)
+
+
+def _exact_integer(e) -> _IntValue | None:
     """The exact value of an expression made of integers, ``+``, ``*`` and powers with non-negative
     integer exponents (unevaluated, as math-verify parses them: ``2^{2^{2^{2^2}}}``), or None for
     anything else (a fraction, a symbol, a decimal) and for sums/products that would exceed
-    :data:`INT_EVAL_MAX_BITS`. A power too large to evaluate, whose exponent is an integer, is a
-    :class:`_HugePower`: ``2^{2^{100}}`` -> ``(1, 2, 2^100)``, ``4^{2^{99}}`` the same."""
+    :data:`INT_EVAL_MAX_BITS`. A power too large to evaluate is a :class:`_HugePower`:
+    ``2^{2^{100}}`` -> ``(1, 2, 2^100)``, ``4^{2^{99}}`` the same; ``7^{7^{7^7}}`` -> ``(1, 7, (1, 7, 823543))``."""
     from sympy import Add, Integer, Mul, Pow
-    from sympy.ntheory import perfect_power
 
     if isinstance(e, Integer):
         return int(e)
     if isinstance(e, (Add, Mul)):
         ints: list[int] = []
+        huge: list[_HugePower] = []
         for x in e.args:
             v = _exact_integer(x)
-            if type(v) is not int:  # a fraction, symbol, huge power...: stop here
+            if v is None:  # a fraction, a symbol, a decimal...: stop here
                 return None
-            ints.append(v)
+            if isinstance(v, _HugePower):
+                huge.append(v)
+            else:
+                ints.append(v)
+        if huge:  # only c * (huge power) with c = ±1 or ±root^j has a form here
+            if isinstance(e, Add) or len(huge) > 1 or sum(v.bit_length() for v in ints) > _TOWER_BASE_MAX_BITS:
+                return None
+            return _scaled_power(math.prod(ints), huge[0])
         if isinstance(e, Add):
             total = sum(ints)
             return total if total.bit_length() <= INT_EVAL_MAX_BITS else None
@@ -524,47 +614,47 @@ def _exact_integer(e) -> int | _HugePower | None:
         return prod
     if isinstance(e, Pow):
         base, exp = _exact_integer(e.base), _exact_integer(e.exp)
-        if type(base) is not int or type(exp) is not int or exp < 0:
+        if base is None or exp is None or (exp.sign if isinstance(exp, _HugePower) else exp) < 0:
             return None
-        if exp == 0:
-            return 1
-        if base in (0, 1):
-            return base
-        if base == -1:
-            return -1 if exp % 2 else 1
-        if exp * abs(base).bit_length() <= INT_EVAL_MAX_BITS:
-            return base**exp
-        if abs(base).bit_length() > _TOWER_BASE_MAX_BITS:
-            return None
-        root, k = perfect_power(abs(base)) or (abs(base), 1)
-        return _HugePower(-1 if base < 0 and exp % 2 else 1, int(root), int(k) * exp)
+        return _power(base, exp)
     return None
 
 
-def _integer_eq(a, b) -> bool | None:
-    """Rule "exact integers": two integer expressions (:func:`_exact_integer`) are equal exactly when
-    their values are: ``2^{2^{2^{2^2}}}`` == ``2^{65536}`` == ``2^{2^{16}}`` == ``4^{32768}``, and
-    ``2^{2^{100}}`` == ``4^{2^{99}}`` without evaluating them; ``2^{65536}`` != ``2^{65536} + 1``.
-    None when either side is not such an expression or the comparison would need a value too large
-    to build (left to math-verify, under the worker's time limit)."""
-    try:
-        x, y = _exact_integer(a), _exact_integer(b)
-    except (RecursionError, MemoryError, ValueError, TypeError):
-        return None
-    if x is None or y is None:
-        return None
+def _int_values_eq(x: _IntValue, y: _IntValue) -> bool | None:
+    """Whether two exact values (:func:`_exact_integer`) are equal; None when deciding it would need a
+    value too large to build."""
     if type(x) is int and type(y) is int:
         return x == y
     if isinstance(x, _HugePower) and isinstance(y, _HugePower):
-        return x == y
+        if (x.sign, x.root) != (y.sign, y.root):
+            return False
+        return _int_values_eq(x.exponent, y.exponent)
     small, huge = (x, y) if type(x) is int else (y, x)
     assert type(small) is int and isinstance(huge, _HugePower)
+    if type(huge.exponent) is not int:  # a tower: at least 2^(2^19) bits, far beyond any int here
+        return False
     min_bits = huge.exponent * (huge.root.bit_length() - 1) + 1  # |huge| >= 2^(min_bits - 1)
     if small.bit_length() < min_bits:
         return False
     if huge.exponent * huge.root.bit_length() > 2 * INT_EVAL_MAX_BITS:
         return None
     return small == huge.sign * huge.root**huge.exponent
+
+
+def _integer_eq(a, b) -> bool | None:
+    """Rule "exact integers": two integer expressions (:func:`_exact_integer`) are equal exactly when
+    their values are: ``2^{2^{2^{2^2}}}`` == ``2^{65536}`` == ``2^{2^{16}}`` == ``4^{32768}``, and
+    ``2^{2^{100}}`` == ``4^{2^{99}}``, ``7^{7^{7^7}}`` == ``7^{7^{823543}}`` without evaluating them;
+    ``2^{65536}`` != ``2^{65536} + 1``. None when either side is not such an expression or the
+    comparison would need a value too large to build (left to math-verify, under the worker's
+    time limit)."""
+    try:
+        x, y = _exact_integer(a), _exact_integer(b)
+        if x is None or y is None:
+            return None
+        return _int_values_eq(x, y)
+    except (RecursionError, MemoryError, ValueError, TypeError):
+        return None
 
 
 _MV_NUMERIC_EQ: Callable[..., bool] | None = None  # math-verify's own sympy_numeric_eq, for the cases left to it
