@@ -199,17 +199,17 @@ def test_several_answers_are_a_real_list_or_an_explicit_field(tmp_path):
     rows = [
         _math_row(["1/2", 0.5], 0),
         _math_row("[1, 2]", 1),  # an interval: one answer
-        _math_row('["3", "three"]', 2),  # klear's old stored form of a list: read back as the list
+        _math_row('["3", "three"]', 2),  # the JSON text of a list is one (unusable) answer, never a list
         _math_row("7", 3, acceptable_answers=["7.0", 7]),
         _math_row("[0.5, 1]", 4),
     ]
     ds = load_rl_file(_write_jsonl(tmp_path / "t.jsonl", rows))
     gts = [r["ground_truth"] for r in ds["reward_model"]]
     answers = [e["acceptable_answers"] for e in ds["extra_info"]]
-    assert gts == ["1/2", "[1, 2]", "3", "7", "[0.5, 1]"]
-    assert answers == [["1/2", "0.5"], None, ["3", "three"], ["7", "7.0"], None]
+    assert gts == ["1/2", "[1, 2]", '["3", "three"]', "7", "[0.5, 1]"]
+    assert answers == [["1/2", "0.5"], None, None, ["7", "7.0"], None]
     # the reward, fed the loaded rows as the trainer feeds them
-    cases = [(0, "0.5", 1.0), (1, "1", -1.0), (1, "[1, 2]", 1.0), (2, r"\text{three}", 1.0), (3, "7.0", 1.0)]
+    cases = [(0, "0.5", 1.0), (1, "1", -1.0), (1, "[1, 2]", 1.0), (2, r"\text{three}", -1.0), (3, "7.0", 1.0)]
     cases += [(4, "0.5", -1.0), (4, "[0.5, 1]", 1.0)]
     got = compute_scores(
         [ds[i]["data_source"] for i, _, _ in cases],

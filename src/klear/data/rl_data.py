@@ -24,9 +24,9 @@ acceptable answers) keeps its first answer in ``reward_model.ground_truth`` and 
 ``extra_info["acceptable_answers"]`` (an Arrow column holds one type, so the list cannot stay in
 ``ground_truth``); the math reward accepts any of them (:mod:`klear.rewards.gold`). A row may also
 give ``extra_info.acceptable_answers`` itself (a list; merged after the ground truth). A STRING
-ground truth is one answer, never JSON-decoded (``"[1, 2]"`` is an interval), except klear's own
-old stored form of a list, the JSON text of a list of quoted strings (``'["1/2", "0.5"]'``), which
-is read back as that list (no LaTeX answer is a JSON array of quoted strings).
+ground truth is one answer, never JSON-decoded (``"[1, 2]"`` is an interval; klear before issue 20
+kept a list as its JSON text, ``'["1/2", "0.5"]'``: such a string is now one unusable answer that
+the judge reports as a data error, so write the list itself).
 
 Code rows keep their tests as JSON text; a statement that accepts any output case sets the tests'
 ``case_insensitive`` flag (:mod:`klear.data.code_data`).
@@ -353,21 +353,6 @@ def _scalar_gt(value: Any) -> str | None:
     return None
 
 
-def _legacy_answer_list(text: str) -> list[str] | None:
-    """The answers of klear's OLD stored form of a list ground truth, ``json.dumps(list of str)``
-    (``'["1/2", "0.5"]'``), else None. Unambiguous: a JSON array of quoted strings is never a
-    LaTeX answer, while ``"[1, 2]"`` (an interval) or ``"[0, 1)"`` is not such an array."""
-    if not text.lstrip().startswith('["'):
-        return None
-    try:
-        items = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(items, list) and items and all(isinstance(x, str) and x.strip() for x in items):
-        return items
-    return None
-
-
 def _answer_items(where: str, field: str, value: Any) -> list[str]:
     """A non-empty list of acceptable answers as strings, or a ValueError naming *field*."""
     from klear.rewards.gold import answer_list
@@ -408,8 +393,7 @@ def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str, list[s
         raise ValueError(
             f"{where}: field 'reward_model.ground_truth' is {type(gt).__name__} {short_repr(gt)} ({_GT_EXPECTED})"
         )
-    legacy = _legacy_answer_list(text)
-    return (legacy[0], style, legacy) if legacy else (text, style, None)
+    return text, style, None
 
 
 def _check_scorer(where: str, data_source: str) -> None:
