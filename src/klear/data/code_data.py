@@ -6,7 +6,8 @@ JSONL/parquet files whose ``reward_model.ground_truth`` follows a layout of
 
 **Output case.** The code judge compares outputs case-sensitively unless the ground truth says
 ``"case_insensitive": true`` (:mod:`klear.rewards.code.compare`). When a code row is loaded
-(:func:`klear.data.rl_data.load_rl_file`), :func:`with_statement_case_rule` sets that flag on a
+(:func:`klear.data.rl_data.load_rl_file` for ``klear rl``; :func:`klear.eval.benchmarks.load_benchmark`
+for ``klear eval``'s verl rows), :func:`with_statement_case_rule` sets that flag on a
 ``stdio``/``call`` ground truth whose statement (the last user message) says that any case is
 accepted, by :data:`ANY_CASE_RE`: Codeforces' "You can output the answer in any case", "You can
 print each letter in any register", "the strings yEs, yes, Yes and YES will be recognized as

@@ -20,7 +20,9 @@ Sources (:func:`load_benchmark`):
     (``metadata.func_name``); ``--release-window v5|v6|START..END`` keeps the problems whose
     ``contest_date`` falls in ``[START, END)``;
   - HumanEval (``task_id``, ``prompt``, ``test``, ``entry_point``);
-  - verl RL rows (``prompt`` messages, ``data_source``, ``reward_model.ground_truth``);
+  - verl RL rows (``prompt`` messages, ``data_source``, ``reward_model.ground_truth``); a code row
+    whose statement accepts any output case gets ``case_insensitive``, as in ``klear rl``
+    (:func:`klear.data.code_data.with_statement_case_rule`);
   - anything else is a math problem: the prompt is the first of ``messages``, ``prompt``,
     ``problem``, ``question`` (or ``prompt_field``), the answer the first of ``answer``,
     ``solution``, ``ground_truth``, ``reward_model.ground_truth``, ``meta.answer``,
@@ -660,7 +662,14 @@ def _generic_problem(
     if code_gt or (ds or "").startswith("code"):
         if not isinstance(answer, dict) or "format" not in answer:
             raise ValueError(f"{where}: a code problem needs a test layout dict with 'format' in {aname!r}")
-        kind, gt, ds = "code", answer, ds or "code"
+        from klear.data.code_data import with_statement_case_rule
+
+        statement = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        try:  # "You can output the answer in any case": the same rule as klear rl's loader
+            gt = with_statement_case_rule(answer, statement)
+        except ValueError as e:
+            raise ValueError(f"{where}: field {aname!r}: {e}") from None
+        kind, ds = "code", ds or "code"
     else:
         kind, gt, ds = "math", gold_answer(f"{where} ({aname})", answer), ds or DEFAULT_MATH_DATA_SOURCE
         messages = apply_math_template(messages, prompt_template)
