@@ -376,6 +376,9 @@ def test_an_exponent_on_a_unit_is_part_of_the_answer():
             (r"15\mbox{ cm}^2", r"15\text{ cm}", -1.0),
             (r"15\mbox{ cm}^3", r"15\mbox{ cm}^{2}", -1.0),
             (r"15\text{ m}", r"15\text{ m}^2", -1.0),
+            (r"15\mbox{ cm}^2", r"15 \mathrm{~cm}^3", -1.0),  # spacing inside the unit's braces
+            (r"15\mbox{ cm}^2", r"15 \text{\,cm}^3", -1.0),
+            (r"15\mbox{ cm}^2", r"15 \mathrm{~cm}^2", 1.0),
             # kept as they were: same unit and exponent, a bare number against a unit either way
             (r"15\mbox{ cm}^2", r"15\mbox{ cm}^2", 1.0),
             (r"15\mbox{ cm}^2", r"15\text{ cm}^{2}", 1.0),

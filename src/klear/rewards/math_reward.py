@@ -294,7 +294,7 @@ _CLOSED_INF_RE = re.compile(r"\[([-+]?)(?:\\infty|∞)|([-+]?)(?:\\infty|∞)\]"
 #: A unit at the end of an answer, as math-verify strips it: ``\text{...}``/``\mbox{...}`` (or
 #: ``\mathrm``) after a value, with an optional exponent (``^2``, ``^{2}``, ``{^2}``).
 _TRAILING_UNIT_RE = re.compile(
-    r"\\(?:text|textrm|textnormal|textup|mbox|mathrm)\s*\{(?P<unit>\s*[A-Za-z][A-Za-z. ]*)\}\s*"
+    r"\\(?:text|textrm|textnormal|textup|mbox|mathrm)\s*\{(?P<unit>(?:\s|~|\\[,;: ])*[A-Za-z][A-Za-z. ]*)\}\s*"
     r"(?:\^\s*(?:\{\s*(?P<e1>\d+)\s*\}|(?P<e2>\d))|\{\s*\^\s*(?P<e3>\d+)\s*\})?\s*$"
 )
 _UNIT_POWER_WORDS = (("square", 2), ("sq", 2), ("cubic", 3), ("cube", 3), ("cu", 3))
