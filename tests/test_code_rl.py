@@ -34,6 +34,85 @@ def test_code_rows_accept_structured_ground_truth_and_name_bad_rows(tmp_path):
         load_rl_file(path)
 
 
+ANY_CASE_STATEMENTS = [  # real Codeforces / CodeContests wordings (../shared/data/code) and the issue's
+    'You can output "YES" and "NO" in any case (for example, strings "yEs", "yes", and "Yes" will be recognized as a '
+    "positive response).",
+    "You can output the answer in any case (upper or lower).",
+    "You can output each letter in any case (lowercase or uppercase).",
+    "You may print every letter in any case you want (so, for example, the strings yEs, yes, Yes, and YES will all be "
+    "recognized as positive answers).",
+    "You can print each letter in any register (upper or lower).",
+    'The output is case insensitive (so "yEs" and "No" will also be accepted).',
+    "For each test case, print YES (case-insensitive), if the farm is ideal, or NO (case-insensitive) otherwise.",
+    "Print the answer. YES/yes/Yes are all accepted.",
+]
+CASE_SENSITIVE_STATEMENTS = [
+    "You are given a string $s$ consisting of lowercase English letters. Print it reversed.",
+    "The i-th line contains a string of m uppercase Latin letters. All letters must be uppercase.",
+    "The first line contains a word; its letters may be in any case. Print the word in lowercase.",
+    "Print YES if the array is sorted and NO otherwise.",
+    "In any case, print the minimum number of moves.",
+]
+
+
+def _statement_row(statement, gt, i):
+    return {
+        "prompt": [{"role": "user", "content": f"{statement}\n\nInput: one line.\nOutput: one line."}],
+        "data_source": "code_cf",
+        "reward_model": {"ground_truth": gt},
+        "extra_info": {"index": i},
+    }
+
+
+def test_any_case_statements_set_case_insensitive_when_code_data_is_prepared(tmp_path):
+    """Issue 20: the judge's case_insensitive flag existed, but loading code data never set it."""
+    from klear.rewards.code_reward import parse_ground_truth
+
+    stdio = {"format": "stdio", "inputs": ["1\n"], "outputs": ["YES\n"]}
+    call = {"format": "call", "fn_name": "f", "inputs": [[1]], "outputs": ["YES"]}
+    statements = ANY_CASE_STATEMENTS + CASE_SENSITIVE_STATEMENTS
+    rows = [_statement_row(st, stdio, i) for i, st in enumerate(statements)]
+    n = len(rows)
+    rows += [  # other layouts and overrides, each with an any-case statement
+        _statement_row(ANY_CASE_STATEMENTS[0], [{"input": "1\n", "output": "YES\n"}], n),  # list of tests
+        _statement_row(ANY_CASE_STATEMENTS[1], json.dumps(call), n + 1),  # JSON text
+        _statement_row(ANY_CASE_STATEMENTS[2], {**stdio, "case_insensitive": False}, n + 2),  # explicit: kept
+        _statement_row(CASE_SENSITIVE_STATEMENTS[0], {**stdio, "case_insensitive": True}, n + 3),
+        _statement_row(ANY_CASE_STATEMENTS[3], {"format": "assert", "tests": ["assert f() == 'YES'"]}, n + 4),
+    ]
+    path = tmp_path / "cf.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ds = load_rl_file(path)
+    flags = [parse_ground_truth(rm["ground_truth"]).case_insensitive for rm in ds["reward_model"]]
+    expected = [True] * len(ANY_CASE_STATEMENTS) + [False] * len(CASE_SENSITIVE_STATEMENTS)
+    assert flags == expected + [True, True, False, True, False]
+    assert json.loads(ds[n]["reward_model"]["ground_truth"]) == {**stdio, "case_insensitive": True}
+    # the reward then accepts "yes" for "YES" on the any-case problem only
+    program = "```python\ninput()\nprint('yes')\n```"
+    reward = make_klear_reward()
+    assert reward(
+        prompts=["p", "p"],
+        completions=[program, program],
+        data_source=["code_cf"] * 2,
+        reward_model=[ds[0]["reward_model"], ds[len(ANY_CASE_STATEMENTS)]["reward_model"]],
+    ) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "name, any_case",  # the problems whose statements allow any case, found by reading them
+    [
+        ("rllm_codeforces_test_part1.json", [1, 2, 7, 9, 28, 29, 32, 34, 43, 50]),
+        ("rllm_code_contests_test_part1.json", [13, 15, 27, 38, 48, 57, 88, 89]),
+    ],
+)
+def test_real_statements_flag_only_any_case_problems(name, any_case):
+    from conftest import shared_file
+    from klear.data.code_data import accepts_any_case
+
+    problems = json.loads(shared_file("code", name).read_text())
+    assert [i for i, p in enumerate(problems) if accepts_any_case(p["problem"])] == any_case
+
+
 def test_reward_options_reach_the_scorer():
     gt = json.dumps({"format": "stdio", "inputs": ["1", "2"], "outputs": ["1", "4"]})
     completion = "```python\nprint(int(input()))\n```"  # passes 1 of 2

@@ -61,6 +61,28 @@ def test_verl_rows_keep_their_data_source():
     assert b.problems[0].ground_truth == "540"
 
 
+def test_code_rows_get_case_insensitive_from_their_statement(tmp_path):
+    """Issue 20: a statement accepting any output case sets the flag in klear eval as in klear rl."""
+    tests = {"format": "stdio", "inputs": ["1\n"], "outputs": ["YES\n"]}
+    statements = [
+        "Print YES or NO. You can output the answer in any case (upper or lower).",
+        "Print YES if the array is sorted and NO otherwise.",
+        "Print YES or NO. You can output the answer in any case.",
+    ]
+    answers = [json.dumps(tests), tests, {**tests, "case_insensitive": False}]  # explicit flag: kept
+    rows = [
+        {"prompt": [{"role": "user", "content": st}], "data_source": "code_cf", "reward_model": {"ground_truth": gt}}
+        for st, gt in zip(statements, answers)
+    ]
+    b = load_benchmark(str(_write_jsonl(tmp_path / "cf.jsonl", rows)))
+    assert [p.kind for p in b.problems] == ["code"] * 3
+    assert [p.ground_truth.get("case_insensitive") for p in b.problems] == [True, None, False]
+    assert b.problems[0].ground_truth == {**tests, "case_insensitive": True}
+    bad = [{**rows[0], "reward_model": {"ground_truth": {"format": "stdio", "inputs": ["1"]}}}]
+    with pytest.raises(ValueError, match=r"cf2\.jsonl: row 0: field 'reward_model\.ground_truth': "):
+        load_benchmark(str(_write_jsonl(tmp_path / "cf2.jsonl", bad)))
+
+
 def test_humaneval_from_package_and_file():
     b = load_benchmark("humaneval")
     assert len(b.problems) == 164

@@ -96,6 +96,39 @@ def test_judge_only_with_benchmark_lookup_and_errors(tmp_path):
         judge_only(partial, tmp_path / "o3", benchmark=b, id_field="id")
 
 
+def test_interval_golds_are_one_answer_in_eval(tmp_path):
+    """A gold "[1, 2]" is the closed interval in every eval path (issue 20: it was JSON-decoded into
+    the answers 1 and 2); several answers come from a real list or extra_info.acceptable_answers."""
+    rows = [
+        {"id": "i1", "problem": "Range?", "answer": "[1, 2]"},
+        {"id": "i2", "problem": "Range?", "answer": "[-2, 7]"},
+        {"id": "i3", "problem": "Range?", "answer": "[0.5, 1]"},
+        {"id": "l", "problem": "Half?", "answer": ["1/2", "0.5"]},
+        {"id": "x", "problem": "Half?", "answer": "1/2", "extra_info": {"acceptable_answers": ["0.5"]}},
+    ]
+    b = load_benchmark(str(_jsonl(tmp_path / "b.jsonl", rows)))
+    assert [p.ground_truth for p in b.problems] == ["[1, 2]", "[-2, 7]", "[0.5, 1]", ["1/2", "0.5"], "1/2"]
+    responses = {
+        "i1": ["1", "2", "[1, 2]", "[1, 2)"],
+        "i2": ["-2", "7", "[-2, 7]", "[-2,7]"],
+        "i3": ["0.5", "1", "[0.5, 1]", r"\left[\frac12, 1\right]"],
+        "l": ["0.5", "1/2", "2", "0.25"],
+        "x": ["0.5", "1/2", "2", "0.25"],
+    }
+    expected = {pid: [False, False, True, pid != "i1"] for pid in ("i1", "i2", "i3")}
+    expected.update({"l": [True, True, False, False], "x": [True, True, False, False]})
+    samples = [{"id": pid, "output": _boxed(r)} for pid, rs in responses.items() for r in rs]
+    s = judge_only(_jsonl(tmp_path / "s.jsonl", samples), tmp_path / "o", benchmark=b, id_field="id")
+    got = {r["problem_id"]: r["correct"] for r in s["per_problem"]}
+    assert got == {pid: sum(v) for pid, v in expected.items()}
+    out = read_samples(tmp_path / "o" / "samples.jsonl")
+    assert [r["correct"] for r in out] == [ok for pid in responses for ok in expected[pid]]
+    # judge-only with the ground truth on each sample line (no benchmark file)
+    lines = [{"problem_id": "i1", "response": _boxed(r), "ground_truth": "[1, 2]"} for r in responses["i1"]]
+    judge_only(_jsonl(tmp_path / "s2.jsonl", lines), tmp_path / "o2")
+    assert [r["correct"] for r in read_samples(tmp_path / "o2" / "samples.jsonl")] == expected["i1"]
+
+
 @pytest.mark.parametrize(
     "content,needle",
     [

@@ -275,6 +275,139 @@ def test_text_answers_compare_without_formatting():
     )
 
 
+# ------------------------------------------------------------------------ clock times
+@pytest.mark.parametrize("gold", [r"\text{4:30 p.m.}", "4:30 p.m.", r"4:30 \text{ p.m.}", r"\text{4:30 PM}"])
+def test_am_pm_forms_are_the_same_time(gold):
+    assert_verdicts(
+        [
+            (gold, "4:30 pm", 1.0),  # the issue's examples
+            (gold, r"\text{4:30 PM}", 1.0),
+            (gold, r"4:30\,\text{P.M.}", 1.0),
+            (gold, r"\mathrm{4:30\ pm}", 1.0),
+            (gold, "4:30 am", -1.0),  # must stay wrong
+            (gold, r"\text{4:30 A.M.}", -1.0),
+            (gold, "5:30 pm", -1.0),
+            (gold, "4:31 PM", -1.0),
+        ]
+    )
+
+
+def test_am_pm_rule_edge_cases():
+    assert_verdicts(
+        [
+            (r"\text{4 p.m.}", "4:00 PM", 1.0),
+            (r"\text{12:15 a.m.}", "12:15 AM", 1.0),
+            (r"\text{12:15 a.m.}", "12:15 PM", -1.0),  # midnight is not noon
+            (r"\text{9:05 a.m.}", "9:05 a.m.", 1.0),
+            (r"\text{9:05 a.m.}", "9:50 a.m.", -1.0),
+            ("2am", "2AM", -1.0),  # a bare "2am" may be the product 2*a*m: no clock rule
+            ("2am", "2am", 1.0),
+        ]
+    )
+
+
+# ---------------------------------------------------------------- delimiter sizing commands
+@pytest.mark.parametrize("size", ["big", "Big", "bigg", "Bigg"])
+def test_sizing_commands_are_layout(size):
+    left, right = rf"\{size}l", rf"\{size}r"
+    assert_verdicts(
+        [
+            ("(3,-1)", rf"{left}(3,\,-1{right})", 1.0),  # the issue's \bigl(3,\,-1\bigr)
+            ("(3,-1)", rf"{left}(3,\,-2{right})", -1.0),
+            ("[0, 1)", rf"{left}[0, 1{right})", 1.0),
+            ("[0, 1)", rf"{left}[0, 1{right}]", -1.0),
+            ("[0, 1)", rf"\{size}[0, 1\{size})", 1.0),  # without the l/r suffix
+            (r"\{1, 2\}", rf"{left}\{{1, 2{right}\}}", 1.0),
+            (r"A \cup B", r"A \bigcup B", -1.0),  # \bigcup is not a sizing command (left to math-verify)
+        ]
+    )
+
+
+# ----------------------------------------------------------------- exact integer powers
+def test_equal_power_towers_score_plus_one():
+    assert_verdicts(
+        [
+            ("2^{65536}", "2^{2^{2^{2^2}}}", 1.0),  # the issue: was -1
+            ("2^{65536}", "2^{2^{16}}", 1.0),  # the issue: timed out
+            ("2^{65536}", "4^{32768}", 1.0),
+            ("2^{65536}", "2^{65537}", -1.0),
+            ("2^{65536}", "2^{65536}+1", -1.0),
+            ("2^{65536}", "2^{2^{2^{2^3}}}", -1.0),
+            (r"(2^{65536}, 3)", r"(2^{2^{16}}, 3)", 1.0),  # inside a tuple too
+            ("2^{2^{100}}", "4^{2^{99}}", 1.0),  # too large to evaluate: compared as exponents
+            ("2^{2^{100}}", "2^{2^{100}+1}", -1.0),
+            ("2^{2^{100}}", "3^{2^{100}}", -1.0),
+            ("2^{2^{100}}", "5", -1.0),
+            ("(-2)^{3}", "-8", 1.0),
+            ("9^{9^{9}}", r"3^{2 \cdot 9^{9}}", 1.0),
+        ]
+    )
+
+
+def test_towers_with_huge_exponents_compare_by_their_exponents():
+    """Towers whose exponent is itself too large to evaluate (7^7^7^7 has a 695,975-digit exponent)."""
+    assert_verdicts(
+        [
+            ("7^{7^{7^7}}", "7^{7^{823543}}", 1.0),  # was a timeout
+            ("7^{7^{823543}}", "7^{7^{7^{7}}}", 1.0),
+            ("7^{7^{7^7}}", "7^{7^{823544}}", -1.0),
+            ("7^{7^{7^7}}", "7^{7^{7^7}}+7", -1.0),
+            ("2^{2^{2^{2^{2^{2^2}}}}}", "2^{2^{2^{65536}}}", 1.0),
+            ("2^{2^{2^{2^{2^{2^2}}}}}", "4^{2^{2^{65536}-1}}", 1.0),
+            ("2^{2^{2^{2^{2^{2^2}}}}}", "2^{2^{2^{65535}}}", -1.0),
+            ("2^{2^{2^{2^{2^{2^2}}}}}", "123456789", -1.0),
+            # signs and factors of the root
+            ("(-2)^{3^{2^{100}}}", "-2^{3^{2^{100}}}", 1.0),
+            ("(-2)^{3^{2^{100}}}", "2^{3^{2^{100}}}", -1.0),
+            ("(-2)^{2^{2^{100}}}", "2^{2^{2^{100}}}", 1.0),
+            (r"2 \cdot 2^{2^{100}}", "2^{2^{100}+1}", 1.0),
+            (r"3 \cdot 2^{2^{100}}", "2^{2^{100}+1}", -1.0),
+            ("(2^{2^{100}})^{2}", "2^{2^{101}}", 1.0),
+            ("(2^{2^{100}})^{3}", "2^{2^{101}}", -1.0),
+        ]
+    )
+
+
+# ------------------------------------------------------------- units and interval brackets
+def test_an_exponent_on_a_unit_is_part_of_the_answer():
+    assert_verdicts(
+        [
+            (r"15\mbox{ cm}^2", r"15\mbox{ cm}^3", -1.0),  # the issue: was +1
+            (r"15\mbox{ cm}^2", r"15\text{ cm}", -1.0),
+            (r"15\mbox{ cm}^3", r"15\mbox{ cm}^{2}", -1.0),
+            (r"15\text{ m}", r"15\text{ m}^2", -1.0),
+            (r"15\mbox{ cm}^2", r"15 \mathrm{~cm}^3", -1.0),  # spacing inside the unit's braces
+            (r"15\mbox{ cm}^2", r"15 \text{\,cm}^3", -1.0),
+            (r"15\mbox{ cm}^2", r"15 \mathrm{~cm}^2", 1.0),
+            # kept as they were: same unit and exponent, a bare number against a unit either way
+            (r"15\mbox{ cm}^2", r"15\mbox{ cm}^2", 1.0),
+            (r"15\mbox{ cm}^2", r"15\text{ cm}^{2}", 1.0),
+            (r"15\mbox{ cm}^2", r"15 \mathrm{cm}^2", 1.0),
+            (r"15\mbox{ cm}^2", "15", 1.0),
+            ("15", r"15 \text{ cm}^2", 1.0),
+            (r"15\text{ cm}^2", r"15\text{ square cm}", 1.0),
+            (r"15\mbox{ cm}^2", r"16\mbox{ cm}^2", -1.0),
+        ]
+    )
+
+
+def test_interval_brackets_at_infinity_count():
+    assert_verdicts(
+        [
+            (r"(-\infty, 0]", r"[-\infty, 0]", -1.0),  # the issue: was +1
+            (r"(-\infty, 0]", r"\left[-\infty, 0\right]", -1.0),
+            (r"[-\infty, 0]", r"(-\infty, 0]", -1.0),  # a closed infinite end in the gold too
+            (r"[2, \infty)", r"[2, \infty]", -1.0),
+            (r"(-\infty, 0] \cup [1, \infty)", r"(-\infty, 0] \cup [1, \infty]", -1.0),
+            (r"(-\infty, 0]", r"(-\infty, 0]", 1.0),
+            (r"(-\infty, 0]", r"\left(-\infty, 0\right]", 1.0),
+            (r"(-\infty, 0]", r"x \leq 0", 1.0),
+            (r"(-\infty, 0]", r"(-\infty, 0)", -1.0),  # finite ends: math-verify's test, as before
+            (r"[-\infty, 0]", r"[-\infty, 0]", 1.0),
+        ]
+    )
+
+
 def test_upright_e_and_i_are_the_constants():
     assert_verdicts(
         [

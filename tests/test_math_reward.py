@@ -32,8 +32,10 @@ from klear.rewards import (
 from klear.rewards.math_reward import get_math_pool
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
-# Unbounded, sympy spends well over 30 s on this (it tries to evaluate 9^(9^9) exactly).
-PATHOLOGICAL = r"\boxed{9^{9^{9}}}"
+# Unbounded, sympy spends well over 30 s comparing this with a small number (simplify tries to evaluate
+# 9^(9^9) exactly). The bare integer 9^{9^9} is now decided at once (rule "exact integers"); a
+# fraction of it is still beyond every rule, so it shows the time limit at work.
+PATHOLOGICAL = r"\boxed{\frac{1}{9^{9^{9}}}}"
 
 
 def boxed(x: str) -> str:
@@ -364,16 +366,50 @@ def test_verl_rows_dispatch_on_their_data_source():
 
 
 def test_list_ground_truth_any_acceptable_answer_counts():
+    import numpy as np
+
     from klear.rewards import compute_score, compute_scores
 
     assert compute_score("math_x", r"\boxed{0.5}", ["1/2", "0.5"]) == 1.0
-    assert compute_score("math_x", r"\boxed{\frac{1}{2}}", '["0.5", "2"]') == 1.0  # JSON text, as klear.data stores
+    assert compute_score("math_x", r"\boxed{0.5}", ("2", "0.5")) == 1.0
+    assert compute_score("math_x", r"\boxed{0.5}", np.array(["2", "0.5"], dtype=object)) == 1.0  # parquet column
     assert compute_score("math_x", r"\boxed{3}", ["1/2", "0.5"]) == -1.0
     # An interval written in LaTeX is one answer, not a JSON list.
     assert compute_score("math_x", r"\boxed{[0, 1)}", "[0, 1)") == 1.0
+    responses = [r"\boxed{2}", r"\boxed{7}", r"\boxed{5}"]
+    assert compute_scores(["math_x"] * 3, responses, [["1", "2"], "7", ["4", "6"]]) == [1.0, 1.0, -1.0]
+
+
+# Closed intervals with plain endpoints are valid JSON arrays: they used to be decoded as the answers
+# "1" and "2", so \boxed{1} scored +1 and the right \boxed{[1, 2]} -1 (issue 20).
+INTERVAL_GOLDS = [("[1, 2]", "1"), ("[-2, 7]", "-2"), ("[0.5, 1]", "0.5"), ("[1,2]", "2")]
+
+
+@pytest.mark.parametrize("gold, endpoint", INTERVAL_GOLDS)
+def test_a_string_gold_is_never_json_decoded(gold, endpoint):
+    from klear.rewards import compute_score, compute_scores
+
+    assert compute_score("math_x", rf"\boxed{{{endpoint}}}", gold) == -1.0
+    assert compute_score("math_x", rf"\boxed{{{gold}}}", gold) == 1.0
+    assert compute_score("math_x", rf"\boxed{{{gold[:-1]})}}", gold) == -1.0  # half-open is another interval
     assert compute_scores(
-        ["math_x"] * 3, [r"\boxed{2}", r"\boxed{7}", r"\boxed{5}"], [["1", "2"], "7", '["4", "6"]']
-    ) == [1.0, 1.0, -1.0]
+        ["math_x"] * 3, [rf"\boxed{{{endpoint}}}", rf"\boxed{{{gold}}}", r"\boxed{[1, 2]}"], [gold] * 3
+    ) == [-1.0, 1.0, 1.0 if gold.replace(" ", "") == "[1,2]" else -1.0]
+    # the JSON text of a list of strings is one (odd) answer too, never a list
+    assert compute_score("math_x", r"\boxed{0.5}", '["0.5", "2"]') == -1.0
+
+
+def test_acceptable_answers_field_adds_answers():
+    from klear.rewards import ACCEPTABLE_ANSWERS_FIELD, compute_score, compute_scores, gold_alternatives
+
+    info = {"index": 0, ACCEPTABLE_ANSWERS_FIELD: ["1/2", "0.5"]}
+    assert compute_score("math_x", r"\boxed{0.5}", "1/2", info) == 1.0
+    assert compute_score("math_x", r"\boxed{0.4}", "1/2", info) == -1.0
+    responses = [r"\boxed{0.5}", r"\boxed{[1, 2]}"]
+    assert compute_scores(["math_x"] * 2, responses, ["1/2", "[1, 2]"], [info, None]) == [1.0, 1.0]
+    assert gold_alternatives("7", {ACCEPTABLE_ANSWERS_FIELD: None}) is None  # an absent field (parquet null)
+    assert gold_alternatives(["1", "2"], {ACCEPTABLE_ANSWERS_FIELD: ["2", "3"]}) == ["1", "2", "3"]
+    assert gold_alternatives("[1, 2]") is None
 
 
 # ------------------------------------------- a worker killed while holding a pool lock

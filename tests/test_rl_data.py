@@ -172,11 +172,63 @@ def test_jsonl_round_trip(tmp_path):
     assert list(ds["prompt_id"]) == ["10", "train.jsonl:1", "train.jsonl:2"]
     assert ds[1]["prompt"] == [{"role": "user", "content": "What is 3*3?"}]
     assert ds[1]["reward_model"] == {"style": "rule", "ground_truth": "9"}
-    assert json.loads(ds[2]["reward_model"]["ground_truth"]) == ["1/2", "0.5"]
+    # a list ground truth: the first answer stays the ground truth, all of them are an explicit field
+    assert ds[2]["reward_model"]["ground_truth"] == "1/2"
+    assert ds[2]["extra_info"]["acceptable_answers"] == ["1/2", "0.5"]
+    assert ds[0]["extra_info"]["acceptable_answers"] is None
     assert ds[2]["ability"] == "math" and ds[0]["ability"] is None  # extra column kept
     assert ds[1]["extra_info"]["index"] == 1 and ds[1]["extra_info"]["split"] == "train"
     assert ds[1]["extra_info"]["task"] == "math"
     assert load_rl_dataset(str(f)).to_list() == ds.to_list()
+
+
+def _math_row(gt, i, **extra):
+    return {
+        "prompt": "q",
+        "data_source": "math",
+        "reward_model": {"ground_truth": gt},
+        "extra_info": {"index": i, **extra},
+    }
+
+
+def test_several_answers_are_a_real_list_or_an_explicit_field(tmp_path):
+    """Issue 20: a list ground truth used to be stored as its JSON text and the judge decoded every
+    string starting with "[" (so the interval "[1, 2]" became the answers 1 and 2)."""
+    from klear.rewards import compute_scores
+
+    rows = [
+        _math_row(["1/2", 0.5], 0),
+        _math_row("[1, 2]", 1),  # an interval: one answer
+        _math_row('["3", "three"]', 2),  # the JSON text of a list is one (unusable) answer, never a list
+        _math_row("7", 3, acceptable_answers=["7.0", 7]),
+        _math_row("[0.5, 1]", 4),
+    ]
+    ds = load_rl_file(_write_jsonl(tmp_path / "t.jsonl", rows))
+    gts = [r["ground_truth"] for r in ds["reward_model"]]
+    answers = [e["acceptable_answers"] for e in ds["extra_info"]]
+    assert gts == ["1/2", "[1, 2]", '["3", "three"]', "7", "[0.5, 1]"]
+    assert answers == [["1/2", "0.5"], None, None, ["7", "7.0"], None]
+    # the reward, fed the loaded rows as the trainer feeds them
+    cases = [(0, "0.5", 1.0), (1, "1", -1.0), (1, "[1, 2]", 1.0), (2, r"\text{three}", -1.0), (3, "7.0", 1.0)]
+    cases += [(4, "0.5", -1.0), (4, "[0.5, 1]", 1.0)]
+    got = compute_scores(
+        [ds[i]["data_source"] for i, _, _ in cases],
+        [rf"\boxed{{{a}}}" for _, a, _ in cases],
+        [gts[i] for i, _, _ in cases],
+        [ds[i]["extra_info"] for i, _, _ in cases],
+    )
+    assert got == [want for _, _, want in cases]
+    # written to parquet and read back: unchanged
+    f = tmp_path / "t.parquet"
+    ds.to_parquet(str(f))
+    assert load_rl_file(f).to_list() == ds.to_list()
+
+
+@pytest.mark.parametrize("bad", [[], ["1", ""], "0.5", [None]])
+def test_bad_acceptable_answers_name_the_field(tmp_path, bad):
+    f = _write_jsonl(tmp_path / "t.jsonl", [_math_row("1", 0), _math_row("1", 1, acceptable_answers=bad)])
+    with pytest.raises(ValueError, match=r"t\.jsonl: row 1: field 'extra_info\.acceptable_answers' is .*expected a"):
+        load_rl_file(f)
 
 
 def test_parquet_round_trip(tmp_path):

@@ -19,10 +19,17 @@ Two sources:
 * :func:`load_rl_file` reads a verl-style JSONL or parquet file and validates every row.
 
 Ground truths are always strings. A ground truth given as a number is converted with
-``str`` (``3`` -> ``"3"``, ``2.5`` -> ``"2.5"``). A ground truth given as a LIST (several
-acceptable answers) is stored as its JSON text (``["1/2", "0.5"]`` -> ``'["1/2", "0.5"]'``),
-because an Arrow column needs one type; a reward function that supports several answers
-must ``json.loads`` a ground truth starting with ``[``.
+``str`` (``3`` -> ``"3"``, ``2.5`` -> ``"2.5"``). A math ground truth given as a LIST (several
+acceptable answers) keeps its first answer in ``reward_model.ground_truth`` and all of them in
+``extra_info["acceptable_answers"]`` (an Arrow column holds one type, so the list cannot stay in
+``ground_truth``); the math reward accepts any of them (:mod:`klear.rewards.gold`). A row may also
+give ``extra_info.acceptable_answers`` itself (a list; merged after the ground truth). A STRING
+ground truth is one answer, never JSON-decoded (``"[1, 2]"`` is an interval; klear before issue 20
+kept a list as its JSON text, ``'["1/2", "0.5"]'``: such a string is now one unusable answer that
+the judge reports as a data error, so write the list itself).
+
+Code rows keep their tests as JSON text; a statement that accepts any output case sets the tests'
+``case_insensitive`` flag (:mod:`klear.data.code_data`).
 """
 
 from __future__ import annotations
@@ -346,7 +353,21 @@ def _scalar_gt(value: Any) -> str | None:
     return None
 
 
-def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str]:
+def _answer_items(where: str, field: str, value: Any) -> list[str]:
+    """A non-empty list of acceptable answers as strings, or a ValueError naming *field*."""
+    from klear.rewards.gold import answer_list
+
+    items = answer_list(value)
+    texts = [_scalar_gt(x) for x in items] if items else []
+    if not texts or any(x is None for x in texts):
+        raise ValueError(
+            f"{where}: field '{field}' is {short_repr(value)} "
+            "(expected a non-empty list of non-empty strings or numbers)"
+        )
+    return [x for x in texts if x is not None]
+
+
+def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str, list[str] | None]:
     if reward_model is None:
         raise ValueError(f"{where}: field 'reward_model' is missing (expected a dict with 'ground_truth')")
     if not isinstance(reward_model, dict):
@@ -361,18 +382,18 @@ def _check_ground_truth(where: str, reward_model: Any) -> tuple[str, str]:
         raise ValueError(f"{where}: field 'reward_model.style' is {short_repr(style)} (expected a string)")
     if "ground_truth" not in reward_model or reward_model["ground_truth"] is None:
         raise ValueError(f"{where}: field 'reward_model.ground_truth' is missing ({_GT_EXPECTED})")
+    from klear.rewards.gold import answer_list
+
     gt = reward_model["ground_truth"]
-    if isinstance(gt, list):
-        items = [_scalar_gt(x) for x in gt]
-        if not items or any(x is None for x in items):
-            raise ValueError(f"{where}: field 'reward_model.ground_truth' is {short_repr(gt)} ({_GT_EXPECTED})")
-        return json.dumps(items, ensure_ascii=False), style
+    if answer_list(gt) is not None:
+        items = _answer_items(where, "reward_model.ground_truth", gt)
+        return items[0], style, items
     text = _scalar_gt(gt)
     if text is None:
         raise ValueError(
             f"{where}: field 'reward_model.ground_truth' is {type(gt).__name__} {short_repr(gt)} ({_GT_EXPECTED})"
         )
-    return text, style
+    return text, style, None
 
 
 def _check_scorer(where: str, data_source: str) -> None:
@@ -398,9 +419,11 @@ def _is_code_source(data_source: str) -> bool:
         return False
 
 
-def _check_code_ground_truth(where: str, reward_model: Any, extra_info: Any) -> tuple[str, str]:
+def _check_code_ground_truth(where: str, reward_model: Any, extra_info: Any, statement: str) -> tuple[str, str]:
     """Code rows: the ground truth may be a dict/list (stored as JSON text) and must parse as one of
-    the layouts of :mod:`klear.rewards.code_reward`."""
+    the layouts of :mod:`klear.rewards.code_reward`. A statement that accepts any output case sets
+    ``case_insensitive`` (:func:`klear.data.code_data.with_statement_case_rule`)."""
+    from klear.data.code_data import with_statement_case_rule
     from klear.rewards.code_reward import parse_ground_truth
 
     if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
@@ -411,6 +434,7 @@ def _check_code_ground_truth(where: str, reward_model: Any, extra_info: Any) -> 
     gt = reward_model["ground_truth"]
     try:
         parse_ground_truth(gt, extra_info if isinstance(extra_info, dict) else None)
+        gt = with_statement_case_rule(gt, statement)
     except ValueError as e:
         raise ValueError(f"{where}: field 'reward_model.ground_truth': {e}") from None
     style = reward_model.get("style") or "rule"
@@ -427,10 +451,14 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
       user message);
     * ``data_source``: a non-empty string, unless ``default_data_source`` is given;
     * ``reward_model.ground_truth``: a non-empty string, a number (converted with ``str``) or
-      a non-empty list of those (stored as JSON text, see the module docstring);
-      ``reward_model.style`` defaults to ``"rule"``;
+      a non-empty list of those (the first becomes the ground truth, all of them
+      ``extra_info["acceptable_answers"]``, see the module docstring); code rows: tests in a
+      layout of :mod:`klear.rewards.code_reward` (``case_insensitive`` set from the statement,
+      :func:`klear.data.code_data.with_statement_case_rule`); ``reward_model.style`` defaults to
+      ``"rule"``;
     * ``extra_info`` (optional): a dict. Missing ``index``/``split``/``task`` keys are filled
-      with the row number, ``split`` and the data source.
+      with the row number, ``split`` and the data source; ``acceptable_answers``, when given,
+      must be a non-empty list of strings or numbers.
 
     ``prompt_id`` is the row's own ``prompt_id`` column when present (so a dataset written by
     this module round-trips unchanged), else ``str(extra_info["index"])`` when the file gives
@@ -481,10 +509,14 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
         if not isinstance(data_source, str) or not data_source:
             raise ValueError(f"{where}: field 'data_source' is {short_repr(data_source)} (expected a non-empty string)")
 
+        answers: list[str] | None = None
         if _is_code_source(data_source):
-            ground_truth, style = _check_code_ground_truth(where, rec.get("reward_model"), rec.get("extra_info"))
+            statement = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+            ground_truth, style = _check_code_ground_truth(
+                where, rec.get("reward_model"), rec.get("extra_info"), statement
+            )
         else:
-            ground_truth, style = _check_ground_truth(where, rec.get("reward_model"))
+            ground_truth, style, answers = _check_ground_truth(where, rec.get("reward_model"))
         _check_scorer(where, data_source)
 
         extra = rec.get("extra_info")
@@ -499,6 +531,15 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: field 'extra_info' is not JSON-serialisable ({exc})") from exc
         extra = dict(extra)
+        from klear.rewards.gold import ACCEPTABLE_ANSWERS_FIELD
+
+        if extra.get(ACCEPTABLE_ANSWERS_FIELD) is not None or answers is not None:
+            field = f"extra_info.{ACCEPTABLE_ANSWERS_FIELD}"
+            given = extra.get(ACCEPTABLE_ANSWERS_FIELD)
+            more = [] if given is None else _answer_items(where, field, given)
+            merged = list(answers or [ground_truth])
+            merged += [x for x in more if x not in merged]
+            extra[ACCEPTABLE_ANSWERS_FIELD] = merged
         index = extra.get("index")
         if index is not None and (isinstance(index, bool) or not isinstance(index, (int, str))):
             raise ValueError(f"{where}: field 'extra_info.index' is {short_repr(index)} (expected an int or string)")

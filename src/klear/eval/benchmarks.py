@@ -20,13 +20,17 @@ Sources (:func:`load_benchmark`):
     (``metadata.func_name``); ``--release-window v5|v6|START..END`` keeps the problems whose
     ``contest_date`` falls in ``[START, END)``;
   - HumanEval (``task_id``, ``prompt``, ``test``, ``entry_point``);
-  - verl RL rows (``prompt`` messages, ``data_source``, ``reward_model.ground_truth``);
+  - verl RL rows (``prompt`` messages, ``data_source``, ``reward_model.ground_truth``); a code row
+    whose statement accepts any output case gets ``case_insensitive``, as in ``klear rl``
+    (:func:`klear.data.code_data.with_statement_case_rule`);
   - anything else is a math problem: the prompt is the first of ``messages``, ``prompt``,
     ``problem``, ``question`` (or ``prompt_field``), the answer the first of ``answer``,
     ``solution``, ``ground_truth``, ``reward_model.ground_truth``, ``meta.answer``,
     ``meta.solution``, ``final_answer`` (or ``answer_field``). Field names may be dotted paths
     (``meta.solution``; integers index lists, ``messages.-1.content``). A GSM8K answer keeps
     what follows ``####`` (commas removed); an answer holding ``\\boxed{}`` keeps the last box.
+    Several acceptable answers: a real list (JSON array) or ``extra_info.acceptable_answers``
+    (:mod:`klear.rewards.gold`); a string is one answer (``"[1, 2]"`` is an interval).
 
 * ``aime24``, ``aime25``, ``hmmt25``, ``gsm8k``, ``math500``, ``livecodebench`` (and the ``_v5``/
   ``_v6`` forms) are NOT shipped: nothing can be downloaded at run time, so these names fail
@@ -275,21 +279,25 @@ def apply_math_template(messages: list[dict], template: str | None) -> list[dict
 
 def gold_answer(where: str, value: Any) -> str | list:
     """Normalise a math ground truth: numbers -> str, GSM8K ``#### N`` -> ``N`` (commas removed),
-    a worked solution with ``\\boxed{}`` -> the last box, a list -> list of str (alternatives).
+    a worked solution with ``\\boxed{}`` -> the last box, a real list (JSON array, parquet list
+    column) -> list of str (acceptable answers, :func:`klear.rewards.gold.answer_list`). A string is
+    one answer, never decoded as JSON: ``"[1, 2]"`` is an interval.
 
     Raises:
         ValueError: an empty or unusable answer (names *where*).
     """
+    from klear.rewards.gold import answer_list
     from klear.rewards.math_reward import extract_last_boxed
 
     if isinstance(value, bool) or value is None:
         raise ValueError(f"{where}: unusable answer {value!r}")
     if isinstance(value, (int, float)):
         return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-    if isinstance(value, list):
-        if not value:
+    items = answer_list(value)
+    if items is not None:
+        if not items:
             raise ValueError(f"{where}: empty answer list")
-        return [gold_answer(where, v) for v in value]
+        return [gold_answer(where, v) for v in items]
     if not isinstance(value, str):
         raise ValueError(f"{where}: answer must be a string or number, got {type(value).__name__}")
     s = value.strip()
@@ -654,7 +662,14 @@ def _generic_problem(
     if code_gt or (ds or "").startswith("code"):
         if not isinstance(answer, dict) or "format" not in answer:
             raise ValueError(f"{where}: a code problem needs a test layout dict with 'format' in {aname!r}")
-        kind, gt, ds = "code", answer, ds or "code"
+        from klear.data.code_data import with_statement_case_rule
+
+        statement = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        try:  # "You can output the answer in any case": the same rule as klear rl's loader
+            gt = with_statement_case_rule(answer, statement)
+        except ValueError as e:
+            raise ValueError(f"{where}: field {aname!r}: {e}") from None
+        kind, ds = "code", ds or "code"
     else:
         kind, gt, ds = "math", gold_answer(f"{where} ({aname})", answer), ds or DEFAULT_MATH_DATA_SOURCE
         messages = apply_math_template(messages, prompt_template)

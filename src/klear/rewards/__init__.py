@@ -9,6 +9,8 @@ wins (case-sensitive). Registered here:
   name contains ``"longcot"`` the think block is required by default (Klear's
   ``is_longcot=True``); pass ``require_think=`` to override. The format rule (one closed
   think block, then the answer) is :mod:`klear.rewards.think_format`, shared with code.
+  Several acceptable answers come only from a real list ground truth or
+  ``extra_info["acceptable_answers"]`` (:mod:`klear.rewards.gold`), never from a string's JSON text.
 
 Other rewards (e.g. code) add themselves with :func:`register_scorer`. A scorer is
 ``fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float`` and
@@ -23,7 +25,6 @@ scorer; the math scorer uses ``require_think`` and ``timeout_s`` and ignores the
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klear.rewards.correctness import CORRECT_REWARD, WRONG_REWARD, is_correct
+from klear.rewards.gold import ACCEPTABLE_ANSWERS_FIELD, gold_alternatives
 from klear.rewards.math_reward import (
     DEFAULT_TIMEOUT_S,
     BoxedAnswer,
@@ -139,8 +141,11 @@ def compute_score(
         data_source: dataset tag, e.g. ``"math_longcot_math_verify"``; selects the scorer
             by prefix (see module docstring).
         solution_str: the decoded response.
-        ground_truth: the reference answer (``reward_model.ground_truth``).
-        extra_info: verl's per-row extra info, passed through to the scorer.
+        ground_truth: the reference answer (``reward_model.ground_truth``). Math: one answer, or a
+            real list of acceptable answers; a string is never split (``"[1, 2]"`` is an interval),
+            see :mod:`klear.rewards.gold`.
+        extra_info: verl's per-row extra info, passed through to the scorer (math: its
+            ``acceptable_answers`` list adds acceptable answers).
         **kwargs: scorer options (math: ``require_think``, ``timeout_s``; code: ``reward_mode``
             ``"soft"``/``"hard"``, ``require_think``, ``time_limit_s`` per test (default 6),
             ``timeout_s`` per response (default 120), ``stop_on_first_failure``). Options a
@@ -235,21 +240,6 @@ def compute_scores(
 # ------------------------------------------------------------------ math registration
 
 
-def _gold_alternatives(ground_truth: Any) -> list[Any] | None:
-    """Several acceptable answers: a list, or its JSON text (``'["1/2", "0.5"]'``, as ``klear.data`` stores
-    lists). None for an ordinary single ground truth."""
-    if isinstance(ground_truth, (list, tuple)):
-        return list(ground_truth)
-    if isinstance(ground_truth, str) and ground_truth.lstrip().startswith("["):
-        try:
-            decoded = json.loads(ground_truth)
-        except ValueError:
-            return None  # e.g. an interval "[0, 1)": a single LaTeX answer
-        if isinstance(decoded, list) and decoded and all(isinstance(x, (str, int, float)) for x in decoded):
-            return decoded
-    return None
-
-
 def _math_entry(
     data_source: str,
     solution_str: str,
@@ -261,9 +251,10 @@ def _math_entry(
     **_ignored: Any,
 ) -> float:
     """Registry adapter for :func:`math_score` (``require_think`` defaults to
-    ``"longcot" in data_source``; unknown keyword arguments are ignored). A ground truth that is a
-    list of acceptable answers (or its JSON text) scores +1 when any of them matches."""
-    if _gold_alternatives(ground_truth) is not None:
+    ``"longcot" in data_source``; unknown keyword arguments are ignored). Several acceptable answers
+    (a real list, or ``extra_info["acceptable_answers"]``: :func:`klear.rewards.gold.gold_alternatives`;
+    never a string's JSON text) score +1 when any of them matches."""
+    if gold_alternatives(ground_truth, extra_info) is not None:
         return _math_batch_entry(
             [data_source],
             [solution_str],
@@ -291,11 +282,12 @@ def _math_batch_entry(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     **_ignored: Any,
 ) -> list[float]:
-    """Registry batch adapter for :func:`math_score_batch`; list ground truths are expanded into one
-    check per acceptable answer and the item scores the best of them."""
+    """Registry batch adapter for :func:`math_score_batch`; an item with several acceptable answers
+    (:func:`klear.rewards.gold.gold_alternatives`) is expanded into one check per answer and scores the
+    best of them."""
     owner, sols, golds, thinks = [], [], [], []
-    for i, (ds, sol, gt) in enumerate(zip(data_sources, solution_strs, ground_truths, strict=True)):
-        for gold in _gold_alternatives(gt) or [gt]:
+    for i, (ds, sol, gt, info) in enumerate(zip(data_sources, solution_strs, ground_truths, extra_infos, strict=True)):
+        for gold in gold_alternatives(gt, info) or [gt]:
             owner.append(i)
             sols.append(sol)
             golds.append(gold)
@@ -310,6 +302,7 @@ def _math_batch_entry(
 register_scorer("math", _math_entry, batch_fn=_math_batch_entry)
 
 __all__ = [
+    "ACCEPTABLE_ANSWERS_FIELD",
     "CORRECT_REWARD",
     "is_correct",
     "WRONG_REWARD",
@@ -320,6 +313,7 @@ __all__ = [
     "configure_math_pool",
     "extract_last_boxed",
     "get_scorer",
+    "gold_alternatives",
     "math_score",
     "math_score_batch",
     "math_score_batch_detailed",

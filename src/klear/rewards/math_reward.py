@@ -24,16 +24,30 @@ Pipeline (:func:`math_score_detailed`):
 3. **Fast path.** When the ground truth is a plain number (``-?\\d+(\\.\\d+)?``) and the
    boxed content is the identical string, the answer is correct without further work.
 4. **Comparison** (:func:`verify_answer`), in a worker process with a wall-clock limit (see
-   ``_timeout``). ``\\mathrm{e}`` / ``\\mathrm{i}`` are read as Euler's number and the imaginary
-   unit (:func:`upright_constants`). Then, in order:
+   ``_timeout``). Delimiter sizing commands are dropped like ``\\left``/``\\right``
+   (:func:`strip_sizing`: ``\\bigl(3,\\,-1\\bigr)`` == ``(3,-1)``; ``\\big``, ``\\Big``, ``\\bigg``,
+   ``\\Bigg`` with ``l``/``r``/``m``), and ``\\mathrm{e}`` / ``\\mathrm{i}`` are read as Euler's number
+   and the imaginary unit (:func:`upright_constants`). Then, in order:
 
    a. **Same text** (:func:`same_text`): equal when both read the same without formatting
       (``\\text{}``/``\\mathrm{}`` wrappers, ``$``, spacing, whitespace, trailing periods):
       ``4:30 \\text{ p.m.}`` == ``\\text{4:30 p.m.}``; case-insensitive for ``\\text`` golds.
-   b. **Bases** (:func:`compare_base_numerals`): when a numeral carries a base subscript, equal
+   b. **Clock** (:func:`compare_clock_times`): two clock times with am/pm are equal when they are
+      the same time, whatever the meridiem's spelling (am, a.m., AM, A.M.): ``4:30 pm`` ==
+      ``\\text{4:30 PM}`` == ``\\text{4:30 p.m.}``, but ``4:30 am`` != ``4:30 p.m.`` (a bare ``2am`` is
+      left to math-verify: it may be the product ``2am``). A gold such as
+      ``4:30 p.m.`` is a valid answer although math-verify extracts no expression from it.
+   c. **Bases** (:func:`compare_base_numerals`): when a numeral carries a base subscript, equal
       means the same digits and, where both write one, the same base: ``52_8`` == ``52_{8}`` ==
       ``52``, but ``52_8`` != ``52_9`` and != ``42_{10}``.
-   c. **math-verify**: the gold is parsed as ``\\boxed{<gold>}`` and the prediction as
+   d. **Unit exponents** (:func:`compare_unit_exponents`): when both end in a ``\\text{}``/
+      ``\\mbox{}`` unit, the unit's exponent must agree (``15\\mbox{ cm}^3`` != ``15\\mbox{ cm}^2``;
+      "square"/"cubic" count as 2/3). A bare number still matches a number with a unit
+      (``15`` == ``15\\text{ cm}^2``, either way round), as math-verify strips units.
+   e. **Brackets at infinity** (:func:`compare_closed_infinities`): an interval closed at an
+      infinity is a different answer from one open there (``[-\\infty, 0]`` != ``(-\\infty, 0]``);
+      sympy's intervals are always open at infinity, so math-verify cannot tell them apart.
+   f. **math-verify**: the gold is parsed as ``\\boxed{<gold>}`` and the prediction as
       ``\\boxed{<answer>}``, both with ``[LatexExtractionConfig(boxed_match_priority=0),
       ExprExtractionConfig()]``; then ``verify(gold, pred)`` is called GOLD FIRST (verify is not
       symmetric) with ``numeric_precision=100`` (:data:`NUMERIC_PRECISION`) and
@@ -46,7 +60,14 @@ Pipeline (:func:`math_score_detailed`):
       never matched by a rounded decimal); a decimal, or an expression that evaluates to a
       number, compares with the RELATIVE tolerance :data:`NUMERIC_REL_TOL` (``5e-10``), so a
       different last significant digit is wrong (``.0000673`` != ``.0000672``, ``0.000067`` !=
-      ``.0000672``); exact expressions are different when their values differ relatively by
+      ``.0000672``); integer expressions (sums, products and powers of integers) compare
+      exactly (:func:`_integer_eq`; also in place of math-verify's ``simplify``, which ran for
+      minutes on ``2^{2^{16}}``): evaluated when the value has at most about
+      :data:`INT_EVAL_MAX_BITS` bits (``2^{2^{2^{2^2}}}`` == ``2^{65536}``), else compared as a base
+      without perfect powers and its exponent, itself such a form in a tower (``2^{2^{100}}`` ==
+      ``4^{2^{99}}``, ``7^{7^{7^7}}`` == ``7^{7^{823543}}``, ``(-2)^{3^{99}}`` == ``-2^{3^{99}}``); a comparison
+      that still cannot finish ends at the time limit (-1, "timeout"), never hangs the judge;
+      other exact expressions are different when their values differ relatively by
       more than :data:`EXACT_REL_TOL` (``1e-50``), so tiny values are not all equal
       (``1/2006!`` != ``1/2004!``), and closer ones keep math-verify's exact tests; a decimal
       matches an exact irrational or repeating value only when it agrees to about 10
@@ -59,20 +80,25 @@ Pipeline (:func:`math_score_detailed`):
    any thread. A timeout, a crashed worker or any exception scores ``-1`` and logs a warning;
    nothing is raised to the caller.
 5. **Ground truth** that is ``None``/empty/not a string or number, or from which
-   math-verify extracts no expression (only a raw-string fallback or nothing), is a
-   DATA error: a warning naming it is logged once per distinct gold and the reward is
-   ``-1`` for every response (never ``+1``, not even for an identical string).
+   math-verify extracts no expression (only a raw-string fallback or nothing) and that is not a
+   clock time, is a DATA error: a warning naming it is logged once per distinct gold and the
+   reward is ``-1`` for every response (never ``+1``, not even for an identical string). These
+   functions take ONE gold; several acceptable answers (a real list, or
+   ``extra_info["acceptable_answers"]``) are expanded by :func:`klear.rewards.compute_score` /
+   ``compute_scores`` (:mod:`klear.rewards.gold`); a string gold is never split.
 """
 
 from __future__ import annotations
 
 import decimal
 import logging
+import math
 import numbers
 import os
 import re
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -257,6 +283,21 @@ _LAYOUT_RE = re.compile(r"\\(?:left|right|displaystyle|quad|qquad)(?![A-Za-z])|\
 #: an unparseable ``\frac{1}{``).
 _UPRIGHT_CONST_RE = re.compile(r"\\(?:mathrm|textrm|text|operatorname)\s*\{\s*([ei])\s*\}|\{\s*\\rm\s+([ei])\s*\}")
 _NUMERAL_RE = re.compile(r"(-?)\(?([0-9A-Za-z]+)\)?(?:_\{?(\d+)\}?)?")
+#: Delimiter sizing commands, read like ``\left``/``\right`` (math-verify could not parse
+#: ``\bigl(3, -1\bigr)``); ``\bigcup``, ``\bigoplus``... are other commands and stay.
+_SIZING_RE = re.compile(r"\\(?:[bB]igg?)[lrm]?(?![A-Za-z])")
+#: A clock time with a meridiem, on :func:`_plain_text`: ``4:30p.m``, ``4:30PM``, ``11a.m``, ``4{:}30pm``.
+_CLOCK_RE = re.compile(r"(\d{1,2})(?:\{?:\}?([0-5]\d))?(?:\{?:\}?([0-5]\d))?([ap])\.?m", re.IGNORECASE)
+_BARE_MERIDIEM_RE = re.compile(r"\d{1,2}[ap]m", re.IGNORECASE)
+#: An interval end closed at an infinity, on :func:`_plain_text`: ``[-\infty`` or ``\infty]``.
+_CLOSED_INF_RE = re.compile(r"\[([-+]?)(?:\\infty|∞)|([-+]?)(?:\\infty|∞)\]")
+#: A unit at the end of an answer, as math-verify strips it: ``\text{...}``/``\mbox{...}`` (or
+#: ``\mathrm``) after a value, with an optional exponent (``^2``, ``^{2}``, ``{^2}``).
+_TRAILING_UNIT_RE = re.compile(
+    r"\\(?:text|textrm|textnormal|textup|mbox|mathrm)\s*\{(?P<unit>(?:\s|~|\\[,;: ])*[A-Za-z][A-Za-z. ]*)\}\s*"
+    r"(?:\^\s*(?:\{\s*(?P<e1>\d+)\s*\}|(?P<e2>\d))|\{\s*\^\s*(?P<e3>\d+)\s*\})?\s*$"
+)
+_UNIT_POWER_WORDS = (("square", 2), ("sq", 2), ("cubic", 3), ("cube", 3), ("cu", 3))
 
 
 def _strip_text_commands(s: str) -> str:
@@ -329,6 +370,75 @@ def upright_constants(s: str) -> str:
     return _UPRIGHT_CONST_RE.sub(lambda m: m.group(1) or m.group(2), s)
 
 
+def strip_sizing(s: str) -> str:
+    """Drop delimiter sizing commands: ``\\bigl(3,\\,-1\\bigr)`` -> ``(3,\\,-1)``, ``\\Bigl[0, 1\\Bigr)`` ->
+    ``[0, 1)`` (``\\big``, ``\\Big``, ``\\bigg``, ``\\Bigg``, each also with ``l``/``r``/``m``)."""
+    return _SIZING_RE.sub("", s)
+
+
+def _clock(s: str) -> tuple[int, int, int, str] | None:
+    """``(hour mod 12, minute, second, "a"|"p")`` for a clock time with a meridiem, else None. A bare
+    ``2am``/``2PM`` (no minutes, space, periods or ``\\text``) is not one: it may be the product ``2am``."""
+    if _BARE_MERIDIEM_RE.fullmatch(s.strip()):
+        return None
+    m = _CLOCK_RE.fullmatch(_plain_text(s))
+    if m is None or not 1 <= int(m.group(1)) <= 12:
+        return None
+    return int(m.group(1)) % 12, int(m.group(2) or 0), int(m.group(3) or 0), m.group(4).lower()
+
+
+def compare_clock_times(gold: str, answer: str) -> str | None:
+    """Rule "clock": when both are clock times with a meridiem, equal means the same time:
+    ``4:30 pm`` == ``\\text{4:30 PM}`` == ``4:30 \\text{ p.m.}`` (am, a.m., AM, A.M. alike; ``4 pm`` ==
+    ``4:00 pm``), but ``4:30 am`` != ``4:30 p.m.``. None when either side is not such a time (a time
+    without am/pm is left to the other rules)."""
+    g, a = _clock(gold), _clock(answer)
+    if g is None or a is None:
+        return None
+    return "correct" if g == a else "wrong"
+
+
+def _closed_infinities(s: str) -> Counter[tuple[str, str]]:
+    """The interval ends closed at an infinity: ``("[", "-")`` for ``[-\\infty``, ``("]", "+")`` for ``\\infty]``."""
+    out: Counter[tuple[str, str]] = Counter()
+    for m in _CLOSED_INF_RE.finditer(_plain_text(s)):
+        left = m.group(1) is not None
+        out["[" if left else "]", "-" if (m.group(1) if left else m.group(2)) == "-" else "+"] += 1
+    return out
+
+
+def compare_closed_infinities(gold: str, answer: str) -> str | None:
+    """Rule "brackets at infinity": ``"wrong"`` when the two close an interval at an infinity
+    differently (``[-\\infty, 0]`` != ``(-\\infty, 0]``), else None. sympy's intervals are always open
+    at an infinity, so math-verify cannot see this bracket; finite ends keep math-verify's test."""
+    return "wrong" if _closed_infinities(gold) != _closed_infinities(answer) else None
+
+
+def _unit_exponent(s: str) -> int | None:
+    """The exponent of the unit ending *s* (``15\\text{ cm}^2`` -> 2, ``15\\text{ cm}`` -> 1,
+    ``15\\text{ square cm}`` -> 2), None when no unit ends it."""
+    s = s.strip().rstrip(".")
+    m = _TRAILING_UNIT_RE.search(s)
+    if m is None or not re.search(r"[0-9A-Za-z}]", _LAYOUT_RE.sub("", s[: m.start()])):  # no value before it
+        return None
+    power = m.group("e1") or m.group("e2") or m.group("e3")
+    if power is not None:
+        return int(power)
+    words = m.group("unit").replace(".", " ").casefold().split()
+    return next((p for w, p in _UNIT_POWER_WORDS if w in words), 1)
+
+
+def compare_unit_exponents(gold: str, answer: str) -> str | None:
+    """Rule "unit exponents": when both end in a unit (``\\text{}``/``\\mbox{}``), an exponent on it
+    is part of the answer: ``15\\mbox{ cm}^3`` != ``15\\mbox{ cm}^2``. math-verify strips a unit
+    together with its exponent. None otherwise (a bare number still matches a number with a unit:
+    ``15`` == ``15\\text{ cm}^2``; the values are compared by the next rules)."""
+    g, a = _unit_exponent(gold), _unit_exponent(answer)
+    if g is None or a is None or g == a:
+        return None
+    return "wrong"
+
+
 def _relative_eq(a, b, digits: int, tol: float = NUMERIC_REL_TOL) -> bool | None:
     """Rule "relative": ``|a - b| <= tol * max(|a|, |b|)`` on values evaluated to *digits*
     significant digits (a relative error, however small the values: ``1/2006!`` is not
@@ -372,7 +482,183 @@ def _or_of_inequalities(parsed: list, latex: str) -> list:
     return out
 
 
+#: Integer expressions (sums, products and powers of integers) are evaluated exactly up to about
+#: this many bits (Python integers: ``2^{65536}`` takes microseconds). A larger power ``b^e`` is kept
+#: as its base without perfect powers and its exponent (:class:`_HugePower`).
+INT_EVAL_MAX_BITS = 1 << 20
+#: Largest base (in bits) whose perfect-power root is looked for in an unevaluated huge power.
+_TOWER_BASE_MAX_BITS = 4096
+
+
+@dataclass(frozen=True)
+class _HugePower:
+    """``sign * root**exponent``, too large to evaluate (more than about :data:`INT_EVAL_MAX_BITS` / 2
+    bits). ``root >= 2`` is not itself a perfect power and ``exponent >= 1`` is an int or, for a
+    tower such as ``7^{7^{7^7}}``, again a :class:`_HugePower` (positive). Every integer above 1 is
+    ``r**e`` for exactly one such ``r``, so two such values are equal exactly when their signs and
+    roots are and their exponents are equal (:func:`_int_values_eq`)."""
+
+    sign: int
+    root: int
+    exponent: int | _HugePower
+
+
+_IntValue = int | _HugePower
+
+
+def _is_odd(v: _IntValue) -> bool:
+    return v.root % 2 == 1 if isinstance(v, _HugePower) else v % 2 == 1
+
+
+def _root_valuation(k: int, root: int) -> int | None:
+    """``j`` with ``k == root**j`` (``k >= 1``), or None (also for ``k`` over
+    :data:`_TOWER_BASE_MAX_BITS` bits)."""
+    if k.bit_length() > _TOWER_BASE_MAX_BITS:
+        return None
+    j = 0
+    while k % root == 0:
+        k //= root
+        j += 1
+    return j if k == 1 else None
+
+
+def _times_exponent(k: int, x: _IntValue) -> _IntValue | None:
+    """``k * x`` for an exponent ``x >= 1`` and ``k >= 1``: exact for an int; for a huge power
+    ``r^e``, ``r^{e + j}`` when ``k = r^j`` (``2 \\cdot 2^{2^{100}}``), else None (not a power form)."""
+    if type(x) is int:
+        return k * x
+    assert isinstance(x, _HugePower)
+    if k == 1:
+        return x
+    j = _root_valuation(k, x.root)
+    if j is None or type(x.exponent) is not int:
+        return None
+    return _HugePower(1, x.root, x.exponent + j)
+
+
+def _scaled_power(c: int, h: _HugePower) -> _IntValue | None:
+    """``c * h``: ``-2^{3^{100}}`` is ``(-1, 2, 3^100)``, ``2 \\cdot 2^{2^{100}}`` is ``(1, 2, 2^100 + 1)``;
+    None when ``c`` is not ``±1`` times a power of the root."""
+    if c == 0:
+        return 0
+    sign = -h.sign if c < 0 else h.sign
+    j = _root_valuation(abs(c), h.root)
+    if j is None:
+        return None
+    if j == 0:
+        return _HugePower(sign, h.root, h.exponent)
+    return _HugePower(sign, h.root, h.exponent + j) if type(h.exponent) is int else None
+
+
+def _power(base: _IntValue, exp: _IntValue) -> _IntValue | None:
+    """``base ** exp`` (``exp >= 0``) as an int when it has at most about :data:`INT_EVAL_MAX_BITS`
+    bits, else as a :class:`_HugePower`; None when no exact form is found."""
+    if exp == 0:
+        return 1
+    if isinstance(base, _HugePower):  # (s r^e)^x = s^x r^(e x)
+        if type(exp) is not int:
+            return None  # a huge power to a huge power: not needed, left undecided
+        e = base.exponent * exp if type(base.exponent) is int else _times_exponent(exp, base.exponent)
+        return None if e is None else _HugePower(base.sign if exp % 2 else 1, base.root, e)
+    if base in (0, 1):
+        return base
+    if base == -1:
+        return -1 if _is_odd(exp) else 1
+    size = abs(base).bit_length()
+    if type(exp) is int and exp * size <= INT_EVAL_MAX_BITS:
+        return base**exp
+    if size > _TOWER_BASE_MAX_BITS:
+        return None
+    from sympy.ntheory import perfect_power
+
+    root, k = perfect_power(abs(base)) or (abs(base), 1)
+    e = _times_exponent(int(k), exp)
+    return None if e is None else _HugePower(-1 if base < 0 and _is_odd(exp) else 1, int(root), e)
+
+
+def _exact_integer(e) -> _IntValue | None:
+    """The exact value of an expression made of integers, ``+``, ``*`` and powers with non-negative
+    integer exponents (unevaluated, as math-verify parses them: ``2^{2^{2^{2^2}}}``), or None for
+    anything else (a fraction, a symbol, a decimal) and for sums/products that would exceed
+    :data:`INT_EVAL_MAX_BITS`. A power too large to evaluate is a :class:`_HugePower`:
+    ``2^{2^{100}}`` -> ``(1, 2, 2^100)``, ``4^{2^{99}}`` the same; ``7^{7^{7^7}}`` -> ``(1, 7, (1, 7, 823543))``."""
+    from sympy import Add, Integer, Mul, Pow
+
+    if isinstance(e, Integer):
+        return int(e)
+    if isinstance(e, (Add, Mul)):
+        ints: list[int] = []
+        huge: list[_HugePower] = []
+        for x in e.args:
+            v = _exact_integer(x)
+            if v is None:  # a fraction, a symbol, a decimal...: stop here
+                return None
+            if isinstance(v, _HugePower):
+                huge.append(v)
+            else:
+                ints.append(v)
+        if huge:  # only c * (huge power) with c = ±1 or ±root^j has a form here
+            if isinstance(e, Add) or len(huge) > 1 or sum(v.bit_length() for v in ints) > _TOWER_BASE_MAX_BITS:
+                return None
+            return _scaled_power(math.prod(ints), huge[0])
+        if isinstance(e, Add):
+            total = sum(ints)
+            return total if total.bit_length() <= INT_EVAL_MAX_BITS else None
+        if 0 in ints:
+            return 0
+        if sum(v.bit_length() for v in ints) > INT_EVAL_MAX_BITS:
+            return None
+        prod = 1
+        for v in ints:
+            prod *= v
+        return prod
+    if isinstance(e, Pow):
+        base, exp = _exact_integer(e.base), _exact_integer(e.exp)
+        if base is None or exp is None or (exp.sign if isinstance(exp, _HugePower) else exp) < 0:
+            return None
+        return _power(base, exp)
+    return None
+
+
+def _int_values_eq(x: _IntValue, y: _IntValue) -> bool | None:
+    """Whether two exact values (:func:`_exact_integer`) are equal; None when deciding it would need a
+    value too large to build."""
+    if type(x) is int and type(y) is int:
+        return x == y
+    if isinstance(x, _HugePower) and isinstance(y, _HugePower):
+        if (x.sign, x.root) != (y.sign, y.root):
+            return False
+        return _int_values_eq(x.exponent, y.exponent)
+    small, huge = (x, y) if type(x) is int else (y, x)
+    assert type(small) is int and isinstance(huge, _HugePower)
+    if type(huge.exponent) is not int:  # a tower: at least 2^(2^19) bits, far beyond any int here
+        return False
+    min_bits = huge.exponent * (huge.root.bit_length() - 1) + 1  # |huge| >= 2^(min_bits - 1)
+    if small.bit_length() < min_bits:
+        return False
+    if huge.exponent * huge.root.bit_length() > 2 * INT_EVAL_MAX_BITS:
+        return None
+    return small == huge.sign * huge.root**huge.exponent
+
+
+def _integer_eq(a, b) -> bool | None:
+    """Rule "exact integers": two integer expressions (:func:`_exact_integer`) are equal exactly when
+    their values are: ``2^{2^{2^{2^2}}}`` == ``2^{65536}`` == ``2^{2^{16}}`` == ``4^{32768}``, and
+    ``2^{2^{100}}`` == ``4^{2^{99}}``, ``7^{7^{7^7}}`` == ``7^{7^{823543}}`` without evaluating them;
+    ``2^{65536}`` != ``2^{65536} + 1``. None when either side is not such an expression or the
+    comparison would need a value too large to build (left to math-verify, under the worker's
+    time limit)."""
+    try:
+        x, y = _exact_integer(a), _exact_integer(b)
+        if x is None or y is None:
+            return None
+        return _int_values_eq(x, y)
+    except (RecursionError, MemoryError, ValueError, TypeError):
+        return None
+
+
 _MV_NUMERIC_EQ: Callable[..., bool] | None = None  # math-verify's own sympy_numeric_eq, for the cases left to it
+_MV_SYMBOLIC_EQ: Callable[..., bool] | None = None  # math-verify's own sympy_symbolic_eq
 
 
 def _numeric_eq(a, b, float_rounding: int, numeric_precision: int) -> bool:
@@ -397,6 +683,9 @@ def _numeric_eq(a, b, float_rounding: int, numeric_precision: int) -> bool:
     assert mv_numeric_eq is not None  # _install_numeric_rule saves it before installing this function
     if isinstance(a, (MatrixBase, MatrixExpr)) or isinstance(b, (MatrixBase, MatrixExpr)):
         return mv_numeric_eq(a, b, float_rounding, numeric_precision)
+    exact = _integer_eq(a, b)
+    if exact is not None:
+        return exact
     atomic = grader.is_atomic_or_pct_atomic
     if atomic(a, Float) or atomic(b, Float):
         a, b = grader.safe_sympy_doit(a), grader.safe_sympy_doit(b)
@@ -414,13 +703,28 @@ def _numeric_eq(a, b, float_rounding: int, numeric_precision: int) -> bool:
     return mv_numeric_eq(a, b, float_rounding, numeric_precision) if verdict is None else verdict
 
 
+def _symbolic_eq(a, b) -> bool:
+    """Replacement for ``math_verify.grader.sympy_symbolic_eq`` (``simplify(a - b) == 0``): integer
+    expressions are decided by rule "exact integers" (:func:`_integer_eq`) instead, because
+    ``simplify`` on powers such as ``2^{2^{16}}`` runs for minutes."""
+    exact = _integer_eq(a, b)
+    if exact is not None:
+        return exact
+    mv_symbolic_eq = _MV_SYMBOLIC_EQ
+    assert mv_symbolic_eq is not None  # _install_numeric_rule saves it before installing this function
+    return mv_symbolic_eq(a, b)
+
+
 def _install_numeric_rule() -> None:
-    global _MV_NUMERIC_EQ
+    global _MV_NUMERIC_EQ, _MV_SYMBOLIC_EQ
     import math_verify.grader as grader
 
     if grader.sympy_numeric_eq is not _numeric_eq:
         _MV_NUMERIC_EQ = grader.sympy_numeric_eq
         grader.sympy_numeric_eq = _numeric_eq
+    if grader.sympy_symbolic_eq is not _symbolic_eq:
+        _MV_SYMBOLIC_EQ = grader.sympy_symbolic_eq
+        grader.sympy_symbolic_eq = _symbolic_eq
 
 
 # ------------------------------------------------------------------ worker-side code
@@ -466,15 +770,16 @@ def verify_answer(gold: str, answer: str, float_rounding: int, numeric_precision
 
     if _WORKER_CONFIG is None:
         _worker_init()
-    gold, answer = upright_constants(gold), upright_constants(answer)
+    gold, answer = upright_constants(strip_sizing(gold)), upright_constants(strip_sizing(answer))
     gold_parsed = _or_of_inequalities(parse("\\boxed{" + gold + "}", _WORKER_CONFIG, parsing_timeout=None), gold)
-    if not _has_expression(gold_parsed):
+    if not _has_expression(gold_parsed) and _clock(gold) is None:  # "4:30 p.m." is an answer, not a data error
         return "invalid_gold"
     if same_text(gold, answer):
         return "correct"
-    by_base = compare_base_numerals(gold, answer)
-    if by_base is not None:
-        return by_base
+    for rule in (compare_clock_times, compare_base_numerals, compare_unit_exponents, compare_closed_infinities):
+        verdict = rule(gold, answer)
+        if verdict is not None:
+            return verdict
     pred_parsed = _or_of_inequalities(parse("\\boxed{" + answer + "}", _WORKER_CONFIG, parsing_timeout=None), answer)
     if not pred_parsed:
         return "unparseable_answer"

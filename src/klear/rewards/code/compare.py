@@ -10,7 +10,8 @@ klear's judge rules (the paper only says a test passes or fails, Sec. 3.2.4):
 - ``call`` tests (:func:`values_match`): tuples compare as lists, with the same number rules.
 - ``case_insensitive`` (a ground-truth field, for statements such as Codeforces' "You can
   output YES and NO in any case"): tokens (``call``: strings) equal after ``str.casefold``
-  match. It applies to EVERY token, so set it only for problems whose statement says so.
+  match. It applies to EVERY token, so set it only for problems whose statement says so; loading
+  code rows sets it from the statement (:func:`klear.data.code_data.with_statement_case_rule`).
 """
 
 from __future__ import annotations

@@ -39,7 +39,9 @@ public code datasets, are klear's. A ground truth is a dict or its JSON text:
 
 Every layout takes ``time_limit_s`` (seconds per test, in (0, 3600]; else the row's
 ``extra_info["time_limit_s"]``, else the sandbox's) and ``float_tol`` (in [0, 1));
-``case_insensitive`` is for ``stdio`` and ``call`` only.
+``case_insensitive`` is for ``stdio`` and ``call`` only (``klear.data.rl_data.load_rl_file`` sets it
+when the statement accepts any output case, unless the ground truth already says;
+:mod:`klear.data.code_data`).
 """
 
 from __future__ import annotations
