@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +144,140 @@ def test_select_k_larger_than_the_rows_is_refused(tmp_path, capsys):
     assert "--k 6 is larger than the number of rows (5)" in err and not out.exists()
     assert main(["data", "select", str(inp), str(out), "--k", "5", "--embedding", "hashing", "--no-progress"]) == 0
     assert len(out.read_text().splitlines()) == 5
+
+
+# ------------------------------------------------------- output that cannot be written
+@pytest.fixture()
+def read_only_dir(tmp_path, monkeypatch):
+    """A folder files cannot be created in: mode 0o555, or, as root (who writes there anyway), a folder whose
+    file creation fails with EACCES (``tempfile.mkstemp``, what the early check uses)."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)  # let pytest remove it
+        return
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).absolute() == folder.absolute():
+            raise PermissionError(errno.EACCES, "Permission denied", str(folder))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    yield folder
+
+
+def _one_error_line(capsys, command: str) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"klear {command}: error: "), captured.err
+    return err[0]
+
+
+@pytest.fixture()
+def no_model_load(monkeypatch):
+    """Loading a model (or its tokenizer) in ``klear eval`` fails the test: the check must come first."""
+
+    def refuse(*a, **k):
+        raise AssertionError("klear eval loaded the model before checking --output")
+
+    monkeypatch.setattr("klear.models.embedded.resolve_model_path", refuse)
+    monkeypatch.setattr("klear.eval.backends.load_tokenizer", refuse)
+
+
+def test_eval_output_that_cannot_be_written_is_refused_before_the_model_loads(
+    tmp_path, read_only_dir, no_model_load, capsys
+):
+    bench = _jsonl(tmp_path / "bench.jsonl", [{"id": 0, "problem": "What is 1 + 1?", "answer": "2"}])
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("not a folder")
+    cases = [
+        (a_file, f"--output {a_file}: is an existing file; expected a folder"),
+        (a_file / "run", f"--output {a_file / 'run'}: is an existing file ({a_file} is a file)"),
+        (read_only_dir, f"--output {read_only_dir}: cannot write to folder {read_only_dir} (Permission denied)"),
+        (read_only_dir / "new" / "run", f"cannot write to folder {read_only_dir} (Permission denied)"),
+    ]
+    for output, message in cases:
+        code = main(["eval", "--model", "some/ckpt", "--benchmark", str(bench), "--output", str(output), "--n", "1"])
+        line = _one_error_line(capsys, "eval")
+        assert code == 2 and message in line, (output, line)
+    judge = main(["eval", "--judge-only", str(bench), "--output", str(a_file)])  # no model either: still refused
+    assert judge == 2 and f"--output {a_file}: is an existing file" in _one_error_line(capsys, "eval")
+    assert a_file.read_text() == "not a folder" and list(read_only_dir.iterdir()) == []
+
+
+def _dedup_input(tmp_path):
+    from conftest import math_rows, write_jsonl
+
+    rows = math_rows(3)
+    return write_jsonl(tmp_path / "in.jsonl", [*rows, rows[0]])  # one duplicate: OUT.removed.jsonl is written
+
+
+def test_data_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, read_only_dir, capsys):
+    inp = _dedup_input(tmp_path)
+    out = read_only_dir / "kept.jsonl"
+    assert main(["data", "dedup", str(inp), str(out), "--no-progress"]) == 2
+    line = _one_error_line(capsys, "data")
+    assert line == f"klear data: error: {out}: cannot write to folder {read_only_dir} (Permission denied)"
+    assert list(read_only_dir.iterdir()) == []
+    folder = tmp_path / "a_folder.jsonl"
+    folder.mkdir()
+    assert main(["data", "dedup", str(inp), str(folder), "--no-progress"]) == 2
+    assert f"{folder}: is a folder (expected the output file's name" in _one_error_line(capsys, "data")
+
+
+def _full_disk(*a, **k):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _report_half_written(self, *a, **k):  # Path.write_text: some bytes land, then the disk is full
+    with open(self, "w") as f:
+        f.write("{")
+    _full_disk()
+
+
+_real_replace = os.replace
+
+
+def _removed_list_not_renamed(src, dst):  # os.replace: only the removed-rows list fails
+    if str(dst).endswith(".removed.jsonl"):
+        _full_disk()
+    _real_replace(src, dst)
+
+
+@pytest.mark.parametrize(
+    ("target", "fake", "left"),
+    [
+        ("klear.data.io.RowWriter.write", _full_disk, []),
+        ("klear.data.io.RowWriter.close", _full_disk, []),  # the last rows, or the rename
+        ("klear.data.io.RemovedLog.add", _full_disk, []),
+        ("os.replace", _removed_list_not_renamed, ["kept.jsonl"]),
+        ("pathlib.Path.write_text", _report_half_written, ["kept.jsonl", "kept.jsonl.removed.jsonl"]),
+    ],
+    ids=["rows", "close", "removed-list", "removed-list-rename", "report"],  # report: OUT.report.json
+)
+def test_data_full_disk_is_one_line_naming_the_output(tmp_path, monkeypatch, capsys, target, fake, left):
+    # never a real /dev/full: the writers rename their temp file over OUT (it would replace the device node)
+    inp = _dedup_input(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "kept.jsonl"
+    monkeypatch.setattr(target, fake)
+    assert main(["data", "dedup", str(inp), str(out), "--no-progress"]) == 2
+    line = _one_error_line(capsys, "data")
+    assert line == f"klear data: error: {out}: cannot write the output (No space left on device)"
+    # no temp file is left; only files completed before the failure remain
+    assert sorted(p.name for p in out_dir.iterdir()) == left
+
+
+def test_data_unreadable_input_is_one_line_naming_the_input(tmp_path, monkeypatch, capsys):
+    inp = _dedup_input(tmp_path)
+
+    def unreadable(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr("klear.data.io._open_binary", unreadable)
+    assert main(["data", "dedup", str(inp), str(tmp_path / "kept.jsonl"), "--no-progress"]) == 2
+    assert _one_error_line(capsys, "data") == f"klear data: error: {inp}: Permission denied"

@@ -3,13 +3,51 @@
 The commands and their options are listed by ``klear data --help`` (user guide: the README's
 ``klear data`` section). Every command prints ``N rows in, M rows out, R removed (reason: count, ...)``
 and writes ``OUT.report.json`` (and ``OUT.removed.jsonl`` listing each removed row with its reason).
+An output folder that cannot be written is refused before any work; a write that fails later (full disk)
+stops the command with one line naming OUT and the OS reason (rows go to a temporary file renamed at the
+end, so OUT is never left half-written).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+from pathlib import Path
 
 __all__ = ["add_parser"]
+
+
+def _output_errors(handler):
+    """A ``klear data`` handler whose ``OSError`` (read-only folder, full disk, ...) becomes one ``ValueError`` line:
+    ``OUT: cannot write the output (<OS reason>)`` when it came from writing OUT or a file beside it (its temp
+    file, ``OUT.report.json``, ``OUT.removed.jsonl``, ...), else ``<file>: <OS reason>`` for the file it names."""
+
+    @functools.wraps(handler)
+    def run(ns: argparse.Namespace) -> int:
+        try:
+            return handler(ns)
+        except FileNotFoundError:
+            raise  # already one line naming the file (klear.cli)
+        except OSError as e:
+            reason = e.strerror or str(e)
+            if e.filename is not None and not _beside_output(e.filename, ns.output):
+                raise ValueError(f"{e.filename}: {reason}") from None
+            raise ValueError(f"{ns.output}: cannot write the output ({reason})") from None
+
+    return run
+
+
+def _beside_output(path: str | os.PathLike, out: str | os.PathLike | None) -> bool:
+    """Whether ``path`` is OUT or a file klear writes beside it (names starting with OUT's or ``.``+OUT's)."""
+    if out is None:
+        return False
+    out_path, p = Path(out).absolute(), Path(path).absolute()
+    try:
+        first = p.relative_to(out_path.parent).parts[0]
+    except (ValueError, IndexError):
+        return False
+    return first.startswith(out_path.name) or first.startswith("." + out_path.name)
 
 
 def _common(p: argparse.ArgumentParser, *, after_list_option: bool = False) -> None:
@@ -64,6 +102,7 @@ def _samples_kwargs(ns: argparse.Namespace) -> dict:
     }
 
 
+@_output_errors
 def _dedup(ns: argparse.Namespace) -> int:
     from klear.data.dedup import dedup_file
 
@@ -85,6 +124,7 @@ def _take_in_out(ns: argparse.Namespace, list_option: str, flag: str) -> None:
         raise ValueError(f"IN and OUT are required (e.g. klear data decontaminate IN OUT {flag} BENCH.jsonl)")
 
 
+@_output_errors
 def _decontaminate(ns: argparse.Namespace) -> int:
     from klear.data.decontam import DEFAULT_IGNORE_PHRASES, decontaminate_file
 
@@ -106,6 +146,7 @@ def _decontaminate(ns: argparse.Namespace) -> int:
     return 0
 
 
+@_output_errors
 def _filter(ns: argparse.Namespace) -> int:
     from klear.data import filters as F
 
@@ -154,6 +195,7 @@ def _filter(ns: argparse.Namespace) -> int:
     return 0
 
 
+@_output_errors
 def _select(ns: argparse.Namespace) -> int:
     from klear.data.select import select_file
 

@@ -153,8 +153,11 @@ def check_in_out(inp: str | os.PathLike, out: str | os.PathLike) -> tuple[Path, 
 
     Raises:
         FileNotFoundError: the input does not exist.
-        ValueError: unsupported extension, output equal to the input, or a missing output folder.
+        ValueError: unsupported extension, output equal to the input, an output that is an existing folder, a
+            missing output folder, or one that cannot be written (read-only, permissions; the OS reason given).
     """
+    from klear.utils.files import check_writable_folder
+
     inp, out = Path(inp), Path(out)
     if not inp.is_file():
         raise FileNotFoundError(f"{inp}: no such file")
@@ -163,8 +166,11 @@ def check_in_out(inp: str | os.PathLike, out: str | os.PathLike) -> tuple[Path, 
         raise ValueError(f"{out}: output must be .jsonl or .parquet")
     if out.resolve() == inp.resolve():
         raise ValueError(f"{out}: output is the input file (write to a new file)")
+    if out.is_dir():
+        raise ValueError(f"{out}: is a folder (expected the output file's name, e.g. {out / 'kept.jsonl'})")
     if not out.parent.resolve().is_dir():
         raise ValueError(f"{out}: folder {out.parent} does not exist")
+    check_writable_folder(out.parent, str(out))
     return inp, out
 
 
@@ -443,6 +449,8 @@ class RowWriter:
                 self._fh.close()
             elif self._writer is not None:
                 self._writer.close()
+        except OSError:
+            pass  # closing after a failed write can fail the same way (full disk); the temp file goes anyway
         finally:
             self.tmp.unlink(missing_ok=True)
 
@@ -450,10 +458,14 @@ class RowWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.close()
+        except BaseException:  # e.g. the last rows hit a full disk: no partial OUT, no temp file left
+            self.abort()
+            raise
 
 
 def report_path(out: str | os.PathLike) -> Path:
@@ -495,13 +507,20 @@ class RemovedLog:
     def close(self) -> Path | None:
         if self._fh is None:
             return None
-        self._fh.close()
-        os.replace(self.tmp, self.path)
+        try:
+            self._fh.close()
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
         return self.path
 
     def abort(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError:
+                pass  # the error being handled may be this file's own (full disk); it is removed anyway
             self.tmp.unlink(missing_ok=True)
 
 
@@ -528,8 +547,12 @@ def write_report(out: str | os.PathLike, report: dict, *, started: float | None 
         report["seconds"] = round(time.perf_counter() - started, 3)
     path = report_path(out)
     tmp = _tmp(path)
-    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     if not quiet:
         removed = report.get("removed") or {}
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(removed.items())) or "none"

@@ -47,7 +47,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="SAMPLES.jsonl",
         help="score the responses in this file without a model (see --response-field etc.)",
     )
-    src.add_argument("--output", required=True, metavar="DIR", help="run directory (resumed when it exists)")
+    src.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="run directory (resumed when it exists; refused at once when it is a file or cannot be written)",
+    )
 
     s = p.add_argument_group("sampling (defaults: the paper's protocol, Sec. 4.2)")
     s.add_argument(
@@ -157,8 +162,10 @@ def handler(ns: argparse.Namespace) -> int:
     """Run ``klear eval`` (see the module docstring). Returns the exit code."""
     from klear.eval.benchmarks import load_benchmark
     from klear.eval.harness import judge_only, run_eval
+    from klear.utils.files import check_writable_folder
 
     ks = _ks(ns.k)
+    check_writable_folder(ns.output, f"--output {ns.output}")  # before any model loads or response is judged
     template = None if (ns.prompt_template or "").strip().lower() in ("", "none") else ns.prompt_template
 
     def bench():
