@@ -117,8 +117,6 @@ def test_bad_inputs():
         compute_group_advantages(torch.tensor([1.0, 2.0]), torch.tensor([0]))
     with pytest.raises(ValueError, match="empty"):
         compute_group_advantages(torch.tensor([]), [])
-    with pytest.raises(ValueError, match=r"rewards\[2\]"):
-        compute_group_advantages(torch.tensor([1.0, 0.0, float("nan"), 1.0]), [0, 0, 1, 1])
     with pytest.raises(ValueError, match=r"rewards\[1\]"):
         compute_group_advantages(torch.tensor([1.0, float("inf")]), [0, 0])
     with pytest.raises(ValueError, match="1-D"):
@@ -133,3 +131,54 @@ def test_bad_inputs():
         compute_group_advantages(torch.tensor([1.0, 2.0]), "ab")
     with pytest.raises(ValueError, match="0/1"):
         filter_mask_exact_correct(torch.tensor([0, 2]), [0, 0])
+
+
+# ------------------------------------------------------------------ unscored samples (NaN rewards)
+NAN = float("nan")
+
+
+def test_unscored_members_are_out_of_their_groups_statistics_float64_by_hand():
+    """Group "a": 1, -1, -1 scored + one unscored; mean and population std over the 3 scored members only."""
+    rewards = [1.0, NAN, -1.0, 0.5, -1.0, NAN, 0.25, 1.0]
+    ids = ["a", "a", "a", "b", "a", "b", "b", "c"]
+    adv, zero = compute_group_advantages(torch.tensor(rewards, dtype=torch.float64), ids)
+    # a: scored 1, -1, -1 -> mean -1/3, pop var ((4/3)^2 + 2 (2/3)^2) / 3 = 8/9
+    m_a, s_a = -1 / 3, math.sqrt(8 / 9)
+    # b: scored 0.5, 0.25 -> mean 0.375, pop std 0.125
+    m_b, s_b = 0.375, 0.125
+    expected = [
+        (1.0 - m_a) / (s_a + 1e-6),
+        0.0,
+        (-1.0 - m_a) / (s_a + 1e-6),
+        (0.5 - m_b) / (s_b + 1e-6),
+        (-1.0 - m_a) / (s_a + 1e-6),
+        0.0,
+        (0.25 - m_b) / (s_b + 1e-6),
+        0.0,  # c: a group of one
+    ]
+    assert adv.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert adv[1].item() == 0.0 and adv[5].item() == 0.0
+    assert zero.tolist() == [False] * 7 + [True]
+
+
+def test_a_group_with_fewer_than_two_scored_members_has_zero_advantages():
+    rewards = torch.tensor([1.0, NAN, NAN, NAN, NAN, NAN, 1.0, -1.0], dtype=torch.float64)
+    ids = [0, 0, 0, 1, 1, 2, 2, 2]
+    adv, zero = compute_group_advantages(rewards, ids)
+    assert adv[:5].tolist() == [0.0] * 5  # group 0: one scored member; group 1: none
+    assert zero.tolist() == [True] * 5 + [False] * 3
+    assert adv[5:].tolist() == pytest.approx([0.0, 1 / (1 + 1e-6), -1 / (1 + 1e-6)])
+    assert torch.equal(zero_advantage_group_mask(rewards, ids), zero)
+
+
+def test_scored_members_decide_whether_a_group_is_all_equal():
+    """1, 1, NaN: the scored members agree, so the group is zero-advantage (the NaN is not a different reward)."""
+    rewards = torch.tensor([1.0, 1.0, NAN, 1.0, -1.0, NAN], dtype=torch.float32)
+    adv, zero = compute_group_advantages(rewards, [0, 0, 0, 1, 1, 1])
+    assert zero.tolist() == [True, True, True, False, False, False]
+    assert adv.tolist()[:3] == [0.0, 0.0, 0.0] and adv[5].item() == 0.0
+    correct = torch.tensor([True, False, False, True, True, False])
+    scored = ~torch.isnan(rewards)
+    # is_correct of an unscored sample is False, but it must not make the group "mixed"
+    assert all_equal_groups(correct, [0, 0, 0, 1, 1, 1], scored=scored).tolist() == [False] * 3 + [True] * 3
+    assert all_equal_groups(correct, [0, 0, 0, 1, 1, 1]).tolist() == [False] * 6

@@ -303,6 +303,29 @@ def test_results_do_not_depend_on_pool_size_and_survive_a_dead_worker():
     assert [r.reward for r in one] == [r.reward for r in two] == [1.0, pytest.approx(1 / 3), 0.0, 0.0, 0.0, 0.0]
 
 
+def test_a_response_the_pool_could_not_score_is_unscored_not_failed(monkeypatch):
+    """Pool-level failures that outlast the retries make the response unscored (nan, in soft and hard mode), never a
+    0 / -1 of failed tests; an unscored canary proves nothing and raises nothing. A scoring task that overran its
+    limit still fails its tests."""
+    import math
+
+    from klear.rewards._timeout import TaskOutcome
+
+    pool = get_code_pool()
+    gt = {"format": "stdio", "inputs": ["1", "2"], "outputs": ["1", "4"]}
+    for status in ("crashed", "pool_error"):
+        monkeypatch.setattr(
+            pool, "run_many", lambda fn, args, timeout_s, st=status: [TaskOutcome(st, detail="x")] * len(args)
+        )
+        for mode in ("soft", "hard"):
+            r = code_score_batch_detailed([py("print(1)")], [gt], reward_mode=mode, sandbox_config=CFG)[0]
+            assert math.isnan(r.reward) and r.status == "unscored", (status, mode, r)
+        assert math.isnan(compute_scores(["code"], [py("print(1)")], [json.dumps(gt)])[0])
+    monkeypatch.setattr(pool, "run_many", lambda fn, args, timeout_s: [TaskOutcome("timeout", detail="x")] * len(args))
+    r = code_score_batch_detailed([py("print(1)")], [gt], sandbox_config=CFG, canary=False)[0]
+    assert (r.reward, r.status, r.total) == (0.0, "worker_timeout", 2)
+
+
 # -------------------------------------------------------------------------------- real data
 
 

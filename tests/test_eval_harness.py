@@ -362,3 +362,43 @@ def test_identical_judge_only_rerun_into_the_same_output_works(tmp_path, capsys)
     other = _jsonl(tmp_path / "other.jsonl", [{"problem_id": "x", "response": _boxed(1), "ground_truth": "1"}])
     assert main(["eval", "--judge-only", str(other), "--output", str(tmp_path / "o")]) == 2  # another run's output
     assert "already holds samples.jsonl from another run" in capsys.readouterr().err
+
+
+def test_unscored_samples_are_rejudged_and_never_count_as_wrong(tmp_path, small_bench, monkeypatch):
+    """While the judge cannot score q1's wrong answers (nan: its workers keep failing), they are written as
+    "unscored", left out of every metric (q1 is 100% over its scored samples, not c/n) and counted; running the same
+    command once the judge works re-judges them, and the summary then equals an undisturbed run's."""
+    import math
+
+    import klear.rewards
+
+    answers = {p.problem_id: p.ground_truth for p in small_bench.problems}
+    kw = dict(n=6, sampling=SamplingSettings(0.6, 0.95, 64), seed=3, model="fake-model", show_progress=False)
+    full = run_eval(small_bench, FakeBackend(answers), tmp_path / "full", **kw)
+    real = klear.rewards.compute_scores
+    down = {"on": True, "calls": 0}
+
+    def flaky(data_sources, responses, golds, extra_infos, **k):
+        scores = real(data_sources, responses, golds, extra_infos, **k)
+        down["calls"] += 1
+        bad = [down["on"] and g == "2" and r == _boxed("-1") for r, g in zip(responses, golds)]
+        return [math.nan if b else s for s, b in zip(scores, bad)]
+
+    monkeypatch.setattr(klear.rewards, "compute_scores", flaky)
+    s = run_eval(small_bench, FakeBackend(answers), tmp_path / "run", **kw)
+    lines = read_samples(tmp_path / "run" / "samples.jsonl")
+    q1 = [r for r in lines if r["problem_id"] == "q1"]
+    unscored = [r for r in q1 if r["verdict"] == "unscored"]
+    assert unscored and len(unscored) < len(q1)
+    assert all(r["reward"] is None and r["correct"] is False for r in unscored)
+    assert s["n_unscored"] == len(unscored) and full["n_unscored"] == 0
+    row = next(r for r in s["per_problem"] if r["problem_id"] == "q1")
+    assert (row["n"], row["correct"], row["accuracy"]) == (len(q1) - len(unscored), len(q1) - len(unscored), 1.0)
+    assert (
+        f"unscored samples (left out of every metric): {len(unscored)}" in (tmp_path / "run" / "summary.md").read_text()
+    )
+    calls = down["calls"]
+    down["on"] = False  # the judge works again: the same command re-judges and completes the run
+    again = run_eval(small_bench, FakeBackend(answers), tmp_path / "run", **kw)
+    assert down["calls"] > calls and again == full
+    assert not [r for r in read_samples(tmp_path / "run" / "samples.jsonl") if r["verdict"] == "unscored"]

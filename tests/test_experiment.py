@@ -236,12 +236,63 @@ def test_population_std_switch_matches_eq4(monkeypatch):
     monkeypatch.setattr("trl.GRPOTrainer._generate_and_score_completions", lambda self, inputs: {"advantages": trl_adv})
     trainer = TRLPeerTrainer.__new__(TRLPeerTrainer)
     trainer.num_generations = 8
+    trainer.model = torch.nn.Linear(1, 1)  # .training: the train-mode group size
+    trainer.accelerator = type("Accelerator", (), {"process_index": 0})()
     pop = math.sqrt(sum(x * x for x in centred.tolist()) / 8)
     for adv_std, expected in (("sample", trl_adv), ("population", centred / pop)):
         trainer.args = type("Args", (), {"adv_std": adv_std})()
+        trainer._peer_rewards_per_func = rewards.float().unsqueeze(1)  # every sample scored
         got = trainer._generate_and_score_completions(None)["advantages"]
         assert torch.allclose(got, expected, rtol=2e-4), adv_std
     assert (centred / pop)[0] / trl_adv[0] == pytest.approx(math.sqrt(8 / 7), rel=2e-4)
+
+
+def test_peer_handles_unscored_rewards_as_trl_does_and_population_std_counts_scored_members(tmp_path, tiny_model):
+    """The klear reward returns nan for a response its judge could not score; plain TRL (1.16) treats it as a
+    reward of None: advantage 0, group statistics over the scored members. With adv_std=population the peer's
+    advantages then equal klear's Eq. 4 over the scored members (compute_group_advantages, up to TRL's 1e-4
+    epsilon): the rescale uses each group's scored count (3 in p0), not the group size."""
+    from datasets import Dataset
+
+    from klear.rl.advantages import compute_group_advantages
+
+    model, tok = tiny_model
+    nan = float("nan")
+    table = {"p0": [1.0, -1.0, nan, 1.0], "p1": [1.0, -1.0, -1.0, 0.5], "p2": [nan, nan, nan, 1.0]}
+    counters: dict[str, int] = {}
+
+    def reward(prompts, completions, prompt_id, **kw):
+        out = []
+        for pid in prompt_id:
+            i = counters.get(pid, 0)
+            counters[pid] = i + 1
+            out.append(table[pid][i % 4])
+        return out
+
+    ds = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "prompt_id": f"p{i}"} for i in range(3)]
+    )
+    args = TRLPeerConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        steps_per_generation=3,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=1,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        adv_std="population",
+    )
+    trainer = TRLPeerTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+    trainer.train()
+    got = torch.cat([b["advantages"] for b in trainer._buffered_inputs]).double()
+    rewards = torch.tensor([table[f"p{g}"][j] for g in range(3) for j in range(4)], dtype=torch.float64)
+    expected, _ = compute_group_advantages(rewards, [g for g in range(3) for _ in range(4)], epsilon=0.0)
+    assert sorted(got.tolist()) == pytest.approx(sorted(expected.tolist()), rel=1e-3, abs=1e-6)
+    assert int((got == 0).sum()) == 5  # the 4 unscored samples, and p2's only scored one
 
 
 def test_every_steps_is_checked(tmp_path, tiny_ckpt):

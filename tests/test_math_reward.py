@@ -5,8 +5,10 @@ All tests share the module-level worker pool (started once, about 1-2 s with spa
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -256,10 +258,17 @@ def test_batch_rejects_length_mismatch():
 
 
 # ------------------------------------------------------------------ pool resilience
+def _abort_quietly() -> None:
+    """``os.abort()`` in a pool worker without the "Fatal Python error: Aborted" dump: pytest's faulthandler,
+    inherited by forked workers, would print one per deliberate crash. Only this test helper turns it off."""
+    faulthandler.disable()
+    os.abort()
+
+
 def test_worker_crash_is_reported_and_pool_keeps_working():
     pool = get_math_pool()
-    outcome = pool.run(os.abort, (), timeout_s=5.0)
-    assert outcome.status == "crashed"
+    outcome = pool.run(_abort_quietly, (), timeout_s=5.0, retry_wait_s=0.5)  # one retry after 0.5 s
+    assert outcome.status == "crashed" and "after 2 attempts" in outcome.detail, outcome
     assert math_score(boxed("0.5"), r"\frac{1}{2}") == 1.0
 
 
@@ -324,7 +333,8 @@ def test_register_scorer_and_mixed_batch():
             ["1", "tests", "2", "tests"],
             timeout_s=2.0,
         )
-        assert scores == [1.0, 0.25, -1.0, -1.0]  # a raising scorer costs only its own item
+        # a raising scorer costs only its own item, which is unscored (nan), not wrong
+        assert scores[:3] == [1.0, 0.25, -1.0] and math.isnan(scores[3])
         assert all(kw.get("timeout_s") == 2.0 for _, kw in calls[1:])
     finally:
         unregister_scorer("proof")
@@ -466,11 +476,14 @@ def test_scoring_under_random_worker_kills_stays_bounded():
     The killing lasts 8 s (as long as the scorers start new calls): on a loaded machine a
     replacement worker can take longer than 0.3 s to start, so calls may starve while it goes
     on. Every call must return in bounded time once it stops (never the 900 s queue limit),
-    and correct answers then score +1 again within seconds."""
+    and correct answers then score +1 again within seconds. A correct answer never scores -1
+    because of a kill (issue 20): +1 after the retries, or unscored (a judge timeout under this
+    load stays a -1 by design)."""
     pool = get_math_pool()
     assert math_score(boxed("0.5"), r"\frac{1}{2}") == 1.0
     stop = threading.Event()
     durations: list[float] = []
+    results: list = []
 
     def killer():
         import random
@@ -493,7 +506,7 @@ def test_scoring_under_random_worker_kills_stays_bounded():
         end = time.monotonic() + 8
         while time.monotonic() < end:
             t0 = time.monotonic()
-            math_score(boxed(f"{k}/{k + 1}"), rf"\frac{{{k}}}{{{k + 1}}}", timeout_s=2.0)
+            results.append(math_score_detailed(boxed(f"{k}/{k + 1}"), rf"\frac{{{k}}}{{{k + 1}}}", timeout_s=2.0))
             durations.append(time.monotonic() - t0)
 
     kth = threading.Thread(target=killer, daemon=True)
@@ -507,6 +520,9 @@ def test_scoring_under_random_worker_kills_stays_bounded():
     kth.join(5)
     assert not any(t.is_alive() for t in threads), "a scoring call hung under worker kills"
     assert durations and max(durations) < 60, max(durations)
+    assert all(r.score == 1.0 or r.reason in ("unscored", "timeout") for r in results), [
+        r for r in results if r.score != 1.0
+    ]
     res, elapsed = _score_in_thread(lambda: math_score_detailed(boxed("0.2"), r"\frac{1}{5}"), 30)
     assert (res.score, elapsed < 10) == (1.0, True), (res, elapsed)
 
@@ -548,3 +564,121 @@ def test_waiters_on_a_discarded_pool_resubmit_instead_of_waiting_for_the_queue_l
         busy.cancel()
     finally:
         pool.shutdown(wait_s=2)
+
+
+# ------------------------------------------------- pool failures: backoff, then unscored (issue 20)
+def _kill_self_first(counter: str, kills: int) -> int:
+    """Runs in a pool worker: SIGKILLs its own worker on the first *kills* calls (counted in a file), then
+    returns the attempt number. A real worker death under the task, like the OOM killer's."""
+    with open(counter, "a+") as f:
+        f.seek(0)
+        attempt = len(f.read())
+        f.write("x")
+    if attempt < kills:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return attempt
+
+
+@pytest.fixture()
+def sleeps(monkeypatch):
+    """The backoff waits of the reward pools, recorded instead of slept."""
+    waits: list[float] = []
+    monkeypatch.setattr("klear.rewards._timeout._backoff_sleep", waits.append)
+    return waits
+
+
+def _failing_waits(monkeypatch, pool, fail: int, status: str = "crashed"):
+    """Make the first *fail* waits on *pool* report *status* (a pool-level failure) after the task really ran;
+    alternates ``crashed`` and ``pool_error`` when *status* is ``"mixed"``."""
+    from klear.rewards._timeout import TaskOutcome
+
+    real_wait = pool.wait
+    calls = {"n": 0}
+
+    def wait(future, **kw):
+        outcome = real_wait(future, **kw)
+        calls["n"] += 1
+        if calls["n"] <= fail:
+            st = status if status != "mixed" else ("crashed", "pool_error")[calls["n"] % 2]
+            return TaskOutcome(st, detail=f"injected failure {calls['n']}")
+        return outcome
+
+    monkeypatch.setattr(pool, "wait", wait)
+    return calls
+
+
+def test_a_worker_killed_under_a_task_is_retried_with_backoff(tmp_path, sleeps):
+    from klear.rewards._timeout import TimedProcessPool, retry_waits
+
+    pool = TimedProcessPool(max_workers=1, name="test-kills")
+    try:
+        outcome = pool.run(_kill_self_first, (str(tmp_path / "n"), 3), timeout_s=10)
+        assert (outcome.status, outcome.value) == ("ok", 3), outcome  # 3 real kills, then done
+        assert sleeps == retry_waits()[:3] == [0.5, 1.0, 2.0]  # exponential backoff
+        sleeps.clear()
+        outcome = pool.run(_kill_self_first, (str(tmp_path / "m"), 100), timeout_s=10)
+        assert outcome.status == "crashed" and f"after {len(retry_waits()) + 1} attempts" in outcome.detail
+        assert sleeps == retry_waits() and sum(sleeps) <= 30.0  # bounded total wait
+    finally:
+        pool.shutdown(wait_s=2)
+
+
+def test_retry_waits_schedule(monkeypatch):
+    from klear.rewards import _timeout
+
+    assert _timeout.retry_waits() == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    assert _timeout.retry_waits(0) == [] and _timeout.retry_waits(3.5) == [0.5, 1.0, 2.0]
+    monkeypatch.setattr(_timeout, "RETRY_TOTAL_WAIT_S", 2.0)
+    assert _timeout.retry_waits() == [0.5, 1.0]
+
+
+def test_pool_failures_never_score_a_correct_answer_wrong(monkeypatch, sleeps):
+    """Fault injection: the first attempts of every comparison die (worker killed / pool broken); correct answers
+    still score +1 after the backoff, and what fails on every attempt is unscored (nan), never -1."""
+    from klear.rewards._timeout import retry_waits
+
+    pool = get_math_pool()
+    assert math_score(boxed("0.5"), r"\frac{1}{2}") == 1.0  # pool up
+    # single call: 3 failed attempts, then the verdict
+    _failing_waits(monkeypatch, pool, fail=3, status="mixed")
+    res = math_score_detailed(boxed("0.5"), r"\frac{1}{2}")
+    assert (res.score, res.reason) == (1.0, "correct"), res
+    assert sleeps == [0.5, 1.0, 2.0]
+    # a wrong answer is still wrong after the retries
+    sleeps.clear()
+    _failing_waits(monkeypatch, pool, fail=2)
+    assert math_score_detailed(boxed("0.4"), r"\frac{1}{2}").reason == "wrong"
+    # batch: 6 comparisons, the first 8 attempts fail -> two retry rounds for the whole batch, not one per item
+    sleeps.clear()
+    golds = [r"\frac{1}{2}", r"\frac{1}{3}", "2^{10}", r"\sqrt{2}", "0.75", r"\frac{2}{5}"]
+    answers = ["0.5", "1/3", "1024", r"2^{1/2}", r"\frac{3}{4}", "0.4"]
+    _failing_waits(monkeypatch, pool, fail=8, status="mixed")
+    res = math_score_batch_detailed([boxed(a) for a in answers], golds)
+    assert [r.score for r in res] == [1.0] * 6, res
+    assert sleeps == [0.5, 1.0]
+    # every attempt fails: unscored (nan, reason "unscored"), after the whole schedule, for single and batch calls
+    # ("crashed" only from here: each injected pool_error really rebuilds the pool, which costs seconds)
+    sleeps.clear()
+    _failing_waits(monkeypatch, pool, fail=10**6)
+    res1 = math_score_detailed(boxed("0.5"), r"\frac{1}{2}")
+    assert math.isnan(res1.score) and res1.reason == "unscored" and not res1.correct, res1
+    assert f"after {len(retry_waits()) + 1} attempts" in res1.detail
+    assert sleeps == retry_waits()
+    sleeps.clear()
+    res = math_score_batch_detailed([boxed(a) for a in answers] + [boxed("7")], golds + ["7"])
+    assert all(math.isnan(r.score) and r.reason == "unscored" for r in res[:6]), res
+    assert (res[6].score, res[6].reason) == (1.0, "exact_match")  # decided without the pool
+    assert sleeps == retry_waits()  # one schedule for the whole batch
+    # the registry and its list-of-answers adapter pass nan through; no -1 anywhere
+    sleeps.clear()
+    scores = compute_scores(["math_x"] * 3, [boxed("0.5"), boxed("2"), boxed("3")], ["1/2", ["x+1", "2"], ["1", "x+3"]])
+    assert scores[1] == 1.0 and math.isnan(scores[0]) and math.isnan(scores[2]), scores  # "2": exact match
+    assert math.isnan(compute_score("math_dapo", boxed("0.5"), "1/2"))
+
+
+def test_a_judge_timeout_is_not_retried_and_stays_wrong(monkeypatch, sleeps):
+    """A timeout is the answer's (too hard to compare): -1 as before, no retry."""
+    pool = get_math_pool()
+    _failing_waits(monkeypatch, pool, fail=1, status="timeout")
+    res = math_score_detailed(boxed("0.5"), r"\frac{1}{2}")
+    assert (res.score, res.reason) == (-1.0, "timeout") and sleeps == []

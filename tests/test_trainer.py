@@ -562,3 +562,102 @@ def test_shipped_cegppo_and_erc_recipes_are_valid(name, loss_mode, beta1):
     same = {k: v for k, v in klear["trainer"].items() if k not in loss_keys}
     assert {k: t.get(k) for k in same} == same
     assert cfg["output_dir"] == f"runs/{name}"
+
+
+# ------------------------------------------------------------------ unscored samples (issue 20)
+NAN = float("nan")
+
+
+def test_an_unscored_reward_is_left_out_instead_of_raising(tmp_path, tiny_model):
+    """One NaN reward (the judge could not score it) in p0, three in p3: training runs, the unscored samples are
+    out of the loss, p0's advantages come from its 3 scored members, p3 (one scored member) is a zero-advantage
+    group, and klear/unscored_frac and klear/accuracy (over scored samples) are logged."""
+    model, tok = tiny_model
+    table = {"p0": [1.0, -1.0, NAN, 1.0], "p1": [1.0, -1.0, -1.0, 1.0], "p2": [1.0], "p3": [NAN, NAN, NAN, 1.0]}
+    trainer = GPPOTrainer(
+        model=model,
+        reward_funcs=_reward_table(table),
+        args=_config(tmp_path, max_steps=1),
+        train_dataset=_dataset(4),
+        processing_class=tok,
+    )
+    trainer.train()
+    batches = trainer._buffered_inputs
+    keep = torch.cat([b["klear_keep"] for b in batches])
+    adv = torch.cat([b["advantages"] for b in batches]).double()
+    assert keep.tolist() == [True] * 7  # p0's 3 scored + p1's 4; p2 all equal, p3 < 2 scored, 4 unscored
+    # p0 over its scored members 1, -1, 1 (float64 by hand): mean 1/3, population std sqrt(8/9)
+    s0 = math.sqrt(8 / 9)
+    expected = [(1 - 1 / 3) / (s0 + 1e-6)] * 2 + [(-1 - 1 / 3) / (s0 + 1e-6)] + [1 / (1 + 1e-6)] * 2
+    expected += [-1 / (1 + 1e-6)] * 2
+    assert sorted(adv.tolist()) == pytest.approx(sorted(expected), rel=1e-6)
+    for i, b in enumerate(batches):  # the token-mean divisor counts kept (scored) tokens only
+        window = batches[(i // 2) * 2 : (i // 2) * 2 + 2]
+        assert b["klear_num_tokens"].item() == sum(
+            float((w["completion_mask"] * w["klear_keep"][:, None]).sum()) for w in window
+        )
+    logs = [h for h in trainer.state.log_history if "klear/unscored_frac" in h]
+    assert logs and logs[0]["klear/unscored_frac"] == pytest.approx(4 / 16)
+    assert logs[0]["klear/accuracy"] == pytest.approx(9 / 12)  # 2 + 2 + 4 + 1 correct of 12 scored
+    assert logs[0]["klear/zero_adv_group_frac"] == pytest.approx(2 / 4)
+
+
+def test_a_rollout_batch_with_no_scored_sample_stops_with_a_clear_error(tmp_path, tiny_model):
+    model, tok = tiny_model
+    trainer = GPPOTrainer(
+        model=model,
+        reward_funcs=lambda prompts, completions, **kw: [None] * len(completions),
+        args=_config(tmp_path, max_steps=1),
+        train_dataset=_dataset(4),
+        processing_class=tok,
+    )
+    with pytest.raises(RuntimeError, match=r"no sample of the rollout batch could be scored \(all 16 rewards"):
+        trainer.train()
+
+
+@pytest.mark.parametrize(
+    "loss_mode, loss_agg_mode",
+    [("gppo", "token-mean"), ("gppo", "seq-mean-token-mean"), ("cispo", "seq-mean-token-sum")],
+)
+def test_loss_and_gradient_with_an_unscored_sample_equal_those_without_it(loss_mode, loss_agg_mode):
+    """The rollout's advantages and loss mask (rollout_rewards + GPPOTrainer._loss_mask) make an unscored sample
+    invisible: loss and gradient equal those of the batch without it (float64), and its own gradient is 0."""
+    from klear.rl.losses import LossInputs, total_loss
+    from klear.rl.trainer import rollout_rewards
+
+    gen = torch.Generator().manual_seed(0)
+    n, t = 8, 6
+    rewards = torch.tensor([[1.0], [-1.0], [NAN], [1.0], [0.25], [0.5], [1.0], [0.5]])
+    group_ids = ["a"] * 4 + ["b"] * 4
+    completion_mask = torch.ones(n, t)
+    completion_mask[1, 4:] = 0
+    completion_mask[2, 3:] = 0
+    completion_mask[5, 2:] = 0
+    old = -torch.rand(n, t, generator=gen, dtype=torch.float64) - 0.1
+    new = old + 0.3 * torch.randn(n, t, generator=gen, dtype=torch.float64)
+    settings = LossSettings(loss_mode=loss_mode, loss_agg_mode=loss_agg_mode, alpha=0.1)
+
+    def loss_and_grad(rows: list[int]):
+        rr = rollout_rewards(
+            rewards[rows],
+            torch.ones(1),
+            [group_ids[i] for i in rows],
+            adv_epsilon=1e-6,
+            correct_reward=1.0,
+            zero_adv_criterion="reward",
+        )
+        mask = GPPOTrainer._loss_mask({"completion_mask": completion_mask[rows], "klear_keep": rr.scored})
+        log_prob = new[rows].clone().requires_grad_(True)
+        loss, _ = total_loss(
+            LossInputs(log_prob, old[rows], rr.advantages.double(), mask, is_correct=rr.is_correct), settings
+        )
+        loss.backward()
+        return loss.detach(), log_prob.grad
+
+    loss_all, grad_all = loss_and_grad(list(range(n)))
+    scored_rows = [0, 1, 3, 4, 5, 6, 7]
+    loss_ref, grad_ref = loss_and_grad(scored_rows)
+    assert torch.isfinite(loss_all) and loss_all.item() != 0.0
+    torch.testing.assert_close(loss_all, loss_ref, rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad_all[scored_rows], grad_ref, rtol=1e-12, atol=1e-15)
+    assert torch.equal(grad_all[2], torch.zeros(t, dtype=torch.float64))

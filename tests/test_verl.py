@@ -420,6 +420,17 @@ def test_rewards_through_verl_naive_reward_manager(embedded_path):
         assert out["reward_extra_info"]["acc"] == acc, ds
 
 
+def test_an_unscored_response_stops_the_verl_step_instead_of_becoming_a_reward(monkeypatch):
+    """verl needs a float per response; klear's unscored (nan) must not reach it as a reward, nor as -1."""
+    from klear.integrations.verl import rewards as verl_rewards
+
+    monkeypatch.setattr(verl_rewards, "_klear_compute_score", lambda *a, **k: float("nan"))
+    with pytest.raises(RuntimeError, match="could not score a 'math_dapo' response"):
+        verl_rewards.compute_score("math_dapo", "\\boxed{4}", "4")
+    monkeypatch.setattr(verl_rewards, "_klear_compute_score", lambda *a, **k: -1.0)
+    assert verl_rewards.compute_score("math_dapo", "\\boxed{5}", "4") == {"score": -1.0, "acc": 0.0}
+
+
 # ------------------------------------------------------------------------------------------ recipe
 
 

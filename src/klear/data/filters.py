@@ -274,7 +274,7 @@ def load_sample_stats(
                 f"'reward_model.ground_truth' in the sample or in the data row with id {pid!r})"
             )
         items.append((pid, resp, ds, gt, extra if isinstance(extra, dict) else None))
-    from klear.rewards import compute_scores
+    from klear.rewards import compute_scores, require_scored
 
     chunk = 512
     bar = tqdm(total=len(items), unit="samples", desc="judge", disable=not progress, mininterval=1.0)
@@ -289,6 +289,7 @@ def load_sample_stats(
                 max_workers=judge_workers,
                 **dict(judge_kwargs or {}),
             )
+            require_scored(scores, lambda i, part=part: part[i][5])  # an unscored sample is not a wrong one
             for (pid, *_), score in zip(part, scores):
                 s = stats.setdefault(pid, [0, 0])
                 s[0] += 1
@@ -747,7 +748,7 @@ def filter_sft_correctness(
                 )
             labels.append(label)
         if judge:
-            from klear.rewards import compute_scores
+            from klear.rewards import compute_scores, require_scored
 
             args = []
             for rec in batch:
@@ -772,6 +773,7 @@ def filter_sft_correctness(
                 [a[3] for a in args],
                 max_workers=judge_workers,
             )
+            require_scored(scores, lambda i: where(inp, batch[i]))  # an unscored response is not a wrong one
             verdicts = [is_correct(s, correct_score) for s in scores]
         else:
             verdicts = []

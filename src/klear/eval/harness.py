@@ -4,8 +4,8 @@ Run directory (``--output DIR``):
 
 * ``samples.jsonl``: one judged sample per line, appended and flushed (fsync) batch by batch:
   ``problem_id``, ``sample_index``, ``seed``, ``response``, ``extracted`` (math: the last boxed
-  answer; code: the program the judge runs), ``verdict`` (``"correct"``/``"wrong"``),
-  ``correct``, ``reward`` (the judge's raw reward), ``n_tokens``, ``finish_reason``
+  answer; code: the program the judge runs), ``verdict`` (``"correct"``/``"wrong"``/``"unscored"``),
+  ``correct``, ``reward`` (the judge's raw reward; null when unscored), ``n_tokens``, ``finish_reason``
   (``"stop"``/``"length"``), ``data_source``;
 * ``problems.jsonl``: the problems as judged (id, prompt, data source, ground truth), so that
   ``--judge-only DIR/samples.jsonl`` can re-score without the benchmark file;
@@ -24,6 +24,12 @@ summarises the first n.
 
 Verdicts come from :func:`klear.rewards.compute_scores` (the RL reward): a sample is correct
 when its reward is exactly 1.0 (math: +1 correct / -1 wrong; code: passed/total = 1).
+
+Unscored samples (the judge could not score them: its worker pool kept failing after its backoff
+retries; reward ``nan``, :mod:`klear.rewards.correctness`) never count as wrong. :func:`judge`
+re-judges them once more; what is still unscored is written with verdict ``"unscored"`` and
+re-judged when the run is resumed (run the same command again); the summary leaves them out of
+every metric (each problem's n is its scored samples) and reports their number as ``n_unscored``.
 """
 
 from __future__ import annotations
@@ -115,20 +121,57 @@ def ensure_judges(problems: Sequence[Problem]) -> None:
 def judge(problems: Sequence[Problem], responses: Sequence[str]) -> list[tuple[float, bool, str | None]]:
     """Judge ``responses[i]`` against ``problems[i]`` with :func:`klear.rewards.compute_scores`.
 
+    Responses the judge could not score are judged once more (a second round of the pool's backoff).
+
     Returns:
-        ``(reward, correct, extracted)`` per response; ``correct`` is :func:`klear.rewards.correctness.is_correct`.
+        ``(reward, correct, extracted)`` per response; ``correct`` is :func:`klear.rewards.correctness.is_correct`;
+        ``reward`` is ``nan`` (and ``correct`` False) for a response still unscored (see the module docstring).
     """
-    from klear.rewards import compute_scores, is_correct
+    from klear.rewards import compute_scores, is_correct, is_unscored
 
     if not responses:
         return []
-    rewards = compute_scores(
-        [p.data_source for p in problems],
-        list(responses),
-        [p.ground_truth for p in problems],
-        [p.extra_info for p in problems],
-    )
-    return [(float(r), is_correct(float(r)), extract_answer(p, s)) for p, s, r in zip(problems, responses, rewards)]
+
+    def score(idx: list[int]) -> list[float]:
+        return [
+            float(r)
+            for r in compute_scores(
+                [problems[i].data_source for i in idx],
+                [responses[i] for i in idx],
+                [problems[i].ground_truth for i in idx],
+                [problems[i].extra_info for i in idx],
+            )
+        ]
+
+    rewards = score(list(range(len(responses))))
+    again = [i for i, r in enumerate(rewards) if is_unscored(r)]
+    if again:
+        logger.warning("%d sample(s) could not be scored; judging them again", len(again))
+        for i, r in zip(again, score(again)):
+            rewards[i] = r
+    return [(r, is_correct(r), extract_answer(p, s)) for p, s, r in zip(problems, responses, rewards)]
+
+
+def judged_record(reward: float, ok: bool) -> dict[str, Any]:
+    """The ``verdict``/``correct``/``reward`` fields of a sample line (``reward`` null when unscored)."""
+    from klear.rewards import is_unscored
+
+    if is_unscored(reward):
+        return {"verdict": "unscored", "correct": False, "reward": None}
+    return {"verdict": "correct" if ok else "wrong", "correct": ok, "reward": reward}
+
+
+def rejudge_unscored(records: list[dict], by_id: dict[str, Problem]) -> int:
+    """Judge again, in place, the records whose verdict is ``"unscored"``; returns how many got a verdict."""
+    idx = [i for i, r in enumerate(records) if r.get("verdict") == "unscored"]
+    if not idx:
+        return 0
+    verdicts = judge([by_id[records[i]["problem_id"]] for i in idx], [records[i]["response"] for i in idx])
+    fixed = 0
+    for i, (reward, ok, _) in zip(idx, verdicts):
+        records[i].update(judged_record(reward, ok))
+        fixed += records[i]["verdict"] != "unscored"
+    return fixed
 
 
 # ------------------------------------------------------------------------------- sample files
@@ -281,6 +324,7 @@ def markdown_table(summary: dict) -> str:
         f"max tokens {s.get('max_tokens')}, seed {m.get('seed')}",
         f"- rope: {_rope_text(rope)}",
         f"- avg@n interval: {avg['method']}",
+        *([f"- unscored samples (left out of every metric): {m['n_unscored']}"] if m.get("n_unscored") else []),
         "- values in percent; pass@k is the unbiased per-problem estimator (Chen et al. 2021), averaged over problems",
         "",
     ]
@@ -302,18 +346,40 @@ def build_summary(
     header: dict,
 ) -> dict:
     """Summary dict: ``header`` (benchmark, model, sampling, rope ...) + the metrics of the samples
-    with ``sample_index < n`` (all samples when ``n`` is None)."""
+    with ``sample_index < n`` (all samples when ``n`` is None). Unscored samples are left out of the
+    metrics and counted in ``n_unscored``.
+
+    Raises:
+        ValueError: a problem whose samples are all unscored, or as :func:`summarize_samples`.
+    """
     by_pid: dict[str, list[dict]] = {p.problem_id: [] for p in problems}
+    n_unscored = 0
     for r in records:
         if r["problem_id"] in by_pid and (n is None or r["sample_index"] < n):
+            if r.get("verdict") == "unscored":
+                n_unscored += 1
+                continue
             by_pid[r["problem_id"]].append(r)
     for recs in by_pid.values():
         recs.sort(key=lambda r: r["sample_index"])
+    if n_unscored:
+        logger.warning(
+            "%d sample(s) could not be scored by the judge; they are left out of the metrics "
+            "(run the same command again to re-judge them)",
+            n_unscored,
+        )
+        empty = [pid for pid, recs in by_pid.items() if not recs]
+        if empty:
+            raise ValueError(
+                f"every sample of problem {empty[0]!r} is unscored (the judge's reward workers kept failing); "
+                "run the same command again to re-judge them"
+            )
     metrics = summarize_samples([p.problem_id for p in problems], by_pid, ks=ks, maj=maj)
     judge_sources = sorted({p.data_source for p in problems})
     out = dict(header)
     out["judge"] = {"data_sources": judge_sources, "correct_if": "reward >= 1.0 (klear.rewards.correctness.is_correct)"}
     out.update(metrics)
+    out["n_unscored"] = n_unscored
     return out
 
 
@@ -423,6 +489,8 @@ def run_eval(
     for r in records:
         if r["problem_id"] not in by_id:
             raise ValueError(f"{samples_path}: sample of unknown problem {r['problem_id']!r}")
+    if rejudge_unscored(records, by_id):  # a resumed run re-judges what its last invocation could not score
+        _atomic_write(samples_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     done = {(r["problem_id"], r["sample_index"]) for r in records}
     requests = [
         GenerationRequest(p.problem_id, i, p.messages, sample_seed(seed, p.problem_id, i))
@@ -476,9 +544,7 @@ def run_eval(
                         "seed": req.seed,
                         "response": comp.text,
                         "extracted": extracted,
-                        "verdict": "correct" if ok else "wrong",
-                        "correct": ok,
-                        "reward": reward,
+                        **judged_record(reward, ok),
                         "n_tokens": comp.n_tokens,
                         "finish_reason": comp.finish_reason,
                         "data_source": by_id[req.problem_id].data_source,
@@ -698,9 +764,7 @@ def judge_only(
                 "seed": s["seed"],
                 "response": s["response"],
                 "extracted": extracted,
-                "verdict": "correct" if ok else "wrong",
-                "correct": ok,
-                "reward": reward,
+                **judged_record(reward, ok),
                 "n_tokens": s["n_tokens"],
                 "finish_reason": s["finish_reason"],
                 "data_source": by_id[s["problem_id"]].data_source,

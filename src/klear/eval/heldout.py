@@ -358,10 +358,14 @@ def evaluate(
         accuracy 0.0 and n 0.
 
     Raises:
+        RuntimeError: the judge could not score a sample (``nan``, unscored; the paired comparison needs
+            every verdict).
         ValueError: the scorer returned a different number of scores than samples; ``n_samples < 1``,
             ``temperature < 0``, or several samples with greedy decoding.
     """
     import torch
+
+    from klear.rewards import require_scored
 
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
         raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
@@ -399,6 +403,8 @@ def evaluate(
     rewards = [float(x) for x in scorer(data_sources, completions, ground_truths, extra_infos)] if rows else []
     if len(rewards) != len(prompts):
         raise ValueError(f"scorer returned {len(rewards)} scores for {len(prompts)} samples")
+    # the per-problem results are compared pairwise (before/after), so every sample needs a verdict
+    require_scored(rewards, lambda i: f"held-out problem {rows[i // k].get('prompt_id', i // k)} sample {i % k}")
     hits = [is_correct(r) for r in rewards]
     correct: list = hits if k == 1 else [sum(hits[i * k : (i + 1) * k]) / k for i in range(len(rows))]
     prompt_ids = [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]

@@ -12,6 +12,13 @@ wins (case-sensitive). Registered here:
   Several acceptable answers come only from a real list ground truth or
   ``extra_info["acceptable_answers"]`` (:mod:`klear.rewards.gold`), never from a string's JSON text.
 
+**Unscored.** A reward that could not be computed is ``nan``
+(:data:`~klear.rewards.correctness.UNSCORED_REWARD`; test with :func:`is_unscored`), never the
+wrong-answer reward: a math or code comparison the worker pool could not run after its backoff
+retries (:mod:`klear.rewards._timeout`), or an exception raised by a scorer without a batch form.
+A judge timeout (the answer is too hard to compare) or an exception of the comparison itself is a
+verdict on the answer and stays ``-1`` (code: failed tests).
+
 Other rewards (e.g. code) add themselves with :func:`register_scorer`. A scorer is
 ``fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float`` and
 may come with a batch form ``batch_fn(data_sources, solution_strs, ground_truths,
@@ -32,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from klear.rewards.correctness import CORRECT_REWARD, WRONG_REWARD, is_correct
+from klear.rewards.correctness import CORRECT_REWARD, UNSCORED_REWARD, WRONG_REWARD, is_correct, is_unscored
 from klear.rewards.gold import ACCEPTABLE_ANSWERS_FIELD, gold_alternatives
 from klear.rewards.math_reward import (
     DEFAULT_TIMEOUT_S,
@@ -154,7 +161,8 @@ def compute_score(
 
     Returns:
         The scorer's float reward; for math ``1.0`` (correct) or ``-1.0`` (anything
-        else), see :func:`klear.rewards.math_reward.math_score`.
+        else), see :func:`klear.rewards.math_reward.math_score`; ``nan`` when unscored
+        (module docstring).
 
     Raises:
         ValueError: no registered prefix matches ``data_source``.
@@ -176,8 +184,8 @@ def compute_scores(
 
     Items are grouped by scorer and scored in parallel (math: on the worker-process
     pool); results come back in input order. One failing item never affects another:
-    the math scorer turns every failure into -1.0, and an exception raised by a
-    scorer without a batch form is logged and scored -1.0.
+    an item the judge could not score is ``nan`` (unscored, see the module docstring),
+    and so is an item whose scorer (one without a batch form) raised (logged).
 
     Args:
         data_sources, solution_strs, ground_truths: equal-length sequences.
@@ -227,14 +235,34 @@ def compute_scores(
         def _one(i: int, scorer: _Scorer = scorer) -> float:
             try:
                 return float(scorer.fn(data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i], **kwargs))
-            except Exception:  # isolate items
-                logger.exception("reward scorer %r failed on item %d; scoring -1", scorer.prefix, i)
-                return WRONG_REWARD
+            except Exception:  # isolate items; a score that could not be computed is not a wrong answer
+                logger.exception("reward scorer %r failed on item %d; unscored (nan)", scorer.prefix, i)
+                return UNSCORED_REWARD
 
         with ThreadPoolExecutor(max_workers=max_workers or min(32, len(idx))) as ex:
             for i, s in zip(idx, ex.map(_one, idx)):
                 out[i] = s
     return out
+
+
+def require_scored(rewards: Sequence[float], what: Callable[[int], str] = lambda i: f"item {i}") -> None:
+    """For callers that need a verdict for every item (data and SFT filters, held-out evaluation):
+    raise when the judge could not score one.
+
+    Args:
+        rewards: scores from :func:`compute_scores`.
+        what: names item ``i`` in the message (e.g. its file and row).
+
+    Raises:
+        RuntimeError: one line naming the first unscored item and how many there are.
+    """
+    bad = [i for i, r in enumerate(rewards) if is_unscored(r)]
+    if bad:
+        raise RuntimeError(
+            f"{what(bad[0])}: the reward judge could not score this response ({len(bad)} of {len(rewards)} "
+            "unscored: its worker processes kept failing after the retries; see the warnings above); "
+            "rerun when the machine is healthy"
+        )
 
 
 # ------------------------------------------------------------------ math registration
@@ -284,7 +312,7 @@ def _math_batch_entry(
 ) -> list[float]:
     """Registry batch adapter for :func:`math_score_batch`; an item with several acceptable answers
     (:func:`klear.rewards.gold.gold_alternatives`) is expanded into one check per answer and scores the
-    best of them."""
+    best of them: correct if any check is, else unscored (nan) if any check is, else wrong."""
     owner, sols, golds, thinks = [], [], [], []
     for i, (ds, sol, gt, info) in enumerate(zip(data_sources, solution_strs, ground_truths, extra_infos, strict=True)):
         for gold in gold_alternatives(gt, info) or [gt]:
@@ -295,7 +323,13 @@ def _math_batch_entry(
     flat = math_score_batch(sols, golds, require_think=thinks, timeout_s=timeout_s, max_workers=max_workers)
     out = [WRONG_REWARD] * len(solution_strs)
     for i, score in zip(owner, flat):
-        out[i] = max(out[i], score)
+        if is_unscored(score):
+            if not is_correct(out[i]):
+                out[i] = UNSCORED_REWARD
+        elif is_unscored(out[i]):
+            out[i] = score if is_correct(score) else out[i]
+        else:
+            out[i] = max(out[i], score)
     return out
 
 
@@ -304,7 +338,9 @@ register_scorer("math", _math_entry, batch_fn=_math_batch_entry)
 __all__ = [
     "ACCEPTABLE_ANSWERS_FIELD",
     "CORRECT_REWARD",
+    "UNSCORED_REWARD",
     "is_correct",
+    "is_unscored",
     "WRONG_REWARD",
     "BoxedAnswer",
     "MathScoreResult",
@@ -320,6 +356,7 @@ __all__ = [
     "math_score_detailed",
     "register_scorer",
     "registered_prefixes",
+    "require_scored",
     "shutdown_math_pool",
     "unregister_scorer",
 ]

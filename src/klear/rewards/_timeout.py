@@ -19,8 +19,19 @@ Robustness rules:
   waited :data:`STALL_CHECK_S` seconds, or whose task's worker died, probes the lock (at
   most once per :data:`STALL_CHECK_S` per pool); when it cannot be taken within
   :data:`LOCK_PROBE_S` seconds the pool is declared wedged, replaced, and every task still
-  waiting on it is resubmitted to the new pool. A task whose worker died while running
-  it (``crashed``) is retried once, since the cause is usually outside the task.
+  waiting on it is resubmitted to the new pool.
+- Pool-level failures are retried with exponential backoff (:meth:`TimedProcessPool.run_many`):
+  ``pool_error`` (the pool broke, e.g. pebble's ``BrokenProcessPool('All workers expired')``
+  when a worker dies while tasks wait in the queue; the next attempt uses a fresh pool) and
+  ``crashed`` (the worker died under the task: the OOM killer, ``kill -9``; pebble starts a new
+  worker). The waits between attempts are :data:`RETRY_FIRST_WAIT_S`, doubling up to
+  :data:`RETRY_MAX_WAIT_S` each, and add up to at most :data:`RETRY_TOTAL_WAIT_S`
+  (:func:`retry_waits`); failed tasks of a batch are retried together, so a batch waits at most
+  that long in total. A task still failing after the last attempt keeps its ``pool_error`` /
+  ``crashed`` outcome; the reward layer reports it as unscored
+  (:data:`klear.rewards.correctness.UNSCORED_REWARD`), never as a wrong answer. ``timeout``
+  and ``error`` (the task ran and overran its limit, or raised) are not retried: they say
+  something about the task itself.
 - :meth:`TimedProcessPool.run` never raises for a task-level problem; it returns a
   :class:`TaskOutcome` whose ``status`` says what happened.
 - Safe to call concurrently from many threads.
@@ -45,7 +56,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -64,11 +75,36 @@ STALL_CHECK_S = 2.0
 #: How long the check waits for the lock before declaring it held by a dead worker (live
 #: workers hold it for microseconds).
 LOCK_PROBE_S = 2.0
-#: Attempts :meth:`TimedProcessPool.run` makes when the pool fails under a task.
-RUN_ATTEMPTS = 4
+#: Backoff before the first retry of a pool-level failure (``pool_error``, ``crashed``), seconds.
+RETRY_FIRST_WAIT_S = 0.5
+#: Longest single wait between two attempts; the waits double up to it.
+RETRY_MAX_WAIT_S = 8.0
+#: The waits between attempts add up to at most this (with the defaults: 0.5, 1, 2, 4, 8, 8 s, i.e.
+#: 7 attempts over about 24 s plus the attempts' own run time). Long enough to outlast a pool that
+#: keeps breaking for a while; short enough that a scorer that cannot work fails within a minute.
+RETRY_TOTAL_WAIT_S = 30.0
 _POLL_S = 0.25
 
 OutcomeStatus = Literal["ok", "timeout", "crashed", "error", "pool_error"]
+#: Outcomes retried with backoff: the failure is the pool's, not the task's.
+RETRIED_STATUSES: frozenset[str] = frozenset({"pool_error", "crashed"})
+
+
+def retry_waits(total_wait_s: float | None = None) -> list[float]:
+    """The backoff schedule: seconds to wait before each retry of a pool-level failure.
+
+    ``RETRY_FIRST_WAIT_S`` doubling, each at most ``RETRY_MAX_WAIT_S``, while their sum stays within
+    *total_wait_s* (default ``RETRY_TOTAL_WAIT_S``; 0 means no retry). The number of attempts is
+    ``len(retry_waits()) + 1``.
+    """
+    total = RETRY_TOTAL_WAIT_S if total_wait_s is None else float(total_wait_s)
+    waits: list[float] = []
+    wait, spent = RETRY_FIRST_WAIT_S, 0.0
+    while wait > 0 and spent + wait <= total:
+        waits.append(wait)
+        spent += wait
+        wait = min(wait * 2, RETRY_MAX_WAIT_S)
+    return waits
 
 
 @dataclass(frozen=True)
@@ -208,6 +244,11 @@ def _channel_lock_is_wedged(pool: ProcessPool, timeout_s: float = LOCK_PROBE_S) 
         mutex.release()
         return False
     return True
+
+
+def _backoff_sleep(seconds: float) -> None:
+    """The wait between two attempts of :meth:`TimedProcessPool.run_many` (one name, so tests can record it)."""
+    time.sleep(seconds)
 
 
 class TimedProcessPool:
@@ -437,28 +478,69 @@ class TimedProcessPool:
                 future.cancel()
                 return TaskOutcome("pool_error", detail=f"not started within {queue_limit_s:g} s")
 
+    def run_many(
+        self,
+        fn: Callable[..., Any],
+        args_list: Sequence[tuple],
+        *,
+        timeout_s: float,
+        retry_wait_s: float | None = None,
+    ) -> list[TaskOutcome]:
+        """Run ``fn(*args)`` for every ``args`` of *args_list* in parallel; outcomes in input order.
+
+        Tasks whose outcome is a pool-level failure (:data:`RETRIED_STATUSES`) are resubmitted
+        together after each wait of :func:`retry_waits` (*retry_wait_s* caps the total wait, default
+        :data:`RETRY_TOTAL_WAIT_S`); a broken pool is replaced first. What still fails after the last
+        attempt keeps its ``pool_error``/``crashed`` outcome (its ``detail`` says how many attempts).
+
+        Raises:
+            ValueError: ``timeout_s`` is not positive. Nothing else.
+        """
+        if not timeout_s or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        outcomes: list[TaskOutcome] = [TaskOutcome("pool_error", detail="not run")] * len(args_list)
+        todo = list(range(len(args_list)))
+        waits = retry_waits(retry_wait_s)
+        for attempt in range(len(waits) + 1):
+            futures: dict[int, concurrent.futures.Future] = {}
+            for i in todo:
+                try:
+                    futures[i] = self.submit(fn, args_list[i], timeout_s=timeout_s)
+                except RuntimeError as exc:
+                    outcomes[i] = TaskOutcome("pool_error", detail=str(exc))
+            broken: list[ProcessPool] = []
+            for i, future in futures.items():
+                outcomes[i] = self.wait(future, timeout_s=timeout_s)
+                pool = getattr(future, "_klear_pool", None)
+                if outcomes[i].status == "pool_error" and pool is not None and pool not in broken:
+                    broken.append(pool)
+            for pool in broken:
+                if pool not in self._retired:
+                    self._discard(pool)
+            todo = [i for i in todo if outcomes[i].status in RETRIED_STATUSES]
+            if not todo:
+                break
+            if attempt < len(waits):
+                logger.warning(
+                    "%s: %d task(s) lost to a pool failure (%s); retrying in %.1f s (attempt %d of %d)",
+                    self.name,
+                    len(todo),
+                    outcomes[todo[0]].detail,
+                    waits[attempt],
+                    attempt + 2,
+                    len(waits) + 1,
+                )
+                _backoff_sleep(waits[attempt])
+        for i in todo:
+            o = outcomes[i]
+            outcomes[i] = TaskOutcome(o.status, o.value, f"{o.detail} (after {len(waits) + 1} attempts)")
+        return outcomes
+
     def run(
-        self, fn: Callable[..., Any], args: tuple = (), *, timeout_s: float, crashed_retries: int = 1
+        self, fn: Callable[..., Any], args: tuple = (), *, timeout_s: float, retry_wait_s: float | None = None
     ) -> TaskOutcome:
-        """``submit`` + ``wait``; a pool-level failure is retried on a fresh pool (up to
-        :data:`RUN_ATTEMPTS` attempts), a ``crashed`` task *crashed_retries* times.
+        """``submit`` + ``wait`` for one task, pool-level failures retried with backoff (:meth:`run_many`).
 
         Never raises except ``ValueError`` for a non-positive ``timeout_s``.
         """
-        outcome = TaskOutcome("pool_error", detail="not run")
-        crashes = 0
-        for _ in range(RUN_ATTEMPTS):
-            try:
-                future = self.submit(fn, args, timeout_s=timeout_s)
-            except RuntimeError as exc:
-                return TaskOutcome("pool_error", detail=str(exc))
-            outcome = self.wait(future, timeout_s=timeout_s)
-            if outcome.status == "crashed" and crashes < crashed_retries:
-                crashes += 1
-                continue
-            if outcome.status != "pool_error":
-                return outcome
-            pool = getattr(future, "_klear_pool", None)
-            if pool is not None and pool not in self._retired:
-                self._discard(pool)
-        return outcome
+        return self.run_many(fn, [args], timeout_s=timeout_s, retry_wait_s=retry_wait_s)[0]

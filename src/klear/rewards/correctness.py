@@ -11,6 +11,14 @@ Used by: RL accuracy, the SFT term's mask and the ``correctness`` zero-advantage
 (:mod:`klear.rl.trainer`), held-out avg@n (:mod:`klear.eval.heldout`), the evaluation harness
 (:mod:`klear.eval.harness`), SFT correctness filtering (:mod:`klear.sft.data`) and the data
 filters (:mod:`klear.data.filters`).
+
+**Unscored.** A reward that could not be computed (the judge's worker pool kept failing after the
+retries of :mod:`klear.rewards._timeout`) is :data:`UNSCORED_REWARD`, ``float("nan")``, at every API
+(``compute_score``/``compute_scores``, the TRL reward function, the detailed results); never the
+wrong-answer reward. NaN is never correct; test for it with :func:`is_unscored`. What each consumer
+does with it: the RL trainer leaves the sample out of the loss and of its group's advantage statistics
+(:mod:`klear.rl.trainer`), ``klear eval`` re-judges it and otherwise reports it apart from the
+metrics (:mod:`klear.eval.harness`), the verl adapter and the data/SFT filters raise.
 """
 
 from __future__ import annotations
@@ -20,12 +28,14 @@ from typing import overload
 
 import torch
 
-__all__ = ["CORRECT_REWARD", "WRONG_REWARD", "is_correct"]
+__all__ = ["CORRECT_REWARD", "UNSCORED_REWARD", "WRONG_REWARD", "is_correct", "is_unscored"]
 
 #: Reward of a verified correct math answer, and the soft code reward when all tests pass.
 CORRECT_REWARD = 1.0
 #: Reward of every math response that is not a verified correct answer (paper Sec. 3.2.4).
 WRONG_REWARD = -1.0
+#: Reward of a response the judge could not score (see the module docstring): NaN.
+UNSCORED_REWARD = float("nan")
 
 
 @overload
@@ -59,3 +69,23 @@ def is_correct(reward, correct_reward: float = CORRECT_REWARD):
     if isinstance(reward, bool) or not isinstance(reward, (int, float)):
         raise TypeError(f"reward must be a number or a tensor, got {type(reward).__name__} {reward!r}")
     return float(reward) >= correct_reward
+
+
+@overload
+def is_unscored(reward: torch.Tensor) -> torch.Tensor: ...
+@overload
+def is_unscored(reward: float | None) -> bool: ...
+
+
+def is_unscored(reward):
+    """Whether a reward is :data:`UNSCORED_REWARD` (NaN; ``None`` counts too, as TRL reads it).
+
+    Args:
+        reward: a Python number or None, or a float tensor of any shape.
+
+    Returns:
+        A bool, or a bool tensor of ``reward``'s shape.
+    """
+    if isinstance(reward, torch.Tensor):
+        return torch.isnan(reward) if reward.is_floating_point() else torch.zeros_like(reward, dtype=torch.bool)
+    return reward is None or (isinstance(reward, float) and math.isnan(reward))

@@ -4,7 +4,10 @@ A response earns ``+1.0`` when its final answer is mathematically equivalent to 
 ground truth and ``-1.0`` otherwise (Klear's code uses +1/-1, not 1/0). Everything that
 is not a verified correct answer is ``-1.0``: wrong, missing, truncated, unparseable,
 timed out, or scored against an unusable ground truth. A truncated response therefore
-never scores better than a wrong one.
+never scores better than a wrong one. The one exception: a comparison the worker pool could not
+run at all (the pool broke, or the worker was killed under it, on every attempt of the backoff in
+``_timeout``) is UNSCORED, ``nan`` (:data:`klear.rewards.correctness.UNSCORED_REWARD`, reason
+``"unscored"``), never ``-1``.
 
 Pipeline (:func:`math_score_detailed`):
 
@@ -77,8 +80,9 @@ Pipeline (:func:`math_score_detailed`):
 
    math-verify's signal-based timeouts are disabled (``parsing_timeout=None``,
    ``timeout_seconds=None``): the worker pool enforces the limit instead, so scoring works from
-   any thread. A timeout, a crashed worker or any exception scores ``-1`` and logs a warning;
-   nothing is raised to the caller.
+   any thread. A timeout (the comparison itself is too hard) or an exception raised by the
+   comparison scores ``-1`` and logs a warning; a pool failure or a killed worker is retried with
+   backoff, then reported as unscored (``nan``); nothing is raised to the caller.
 5. **Ground truth** that is ``None``/empty/not a string or number, or from which
    math-verify extracts no expression (only a raw-string fallback or nothing) and that is not a
    clock time, is a DATA error: a warning naming it is logged once per distinct gold and the
@@ -100,12 +104,11 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Literal
 
-from klear.rewards._timeout import TaskOutcome, TimedProcessPool, limit_worker_memory
-from klear.rewards.correctness import CORRECT_REWARD, WRONG_REWARD, is_correct
+from klear.rewards._timeout import RETRIED_STATUSES, TaskOutcome, TimedProcessPool, limit_worker_memory
+from klear.rewards.correctness import CORRECT_REWARD, UNSCORED_REWARD, WRONG_REWARD, is_correct
 from klear.rewards.think_format import THINK_CLOSE, THINK_OPEN, answer_region  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
@@ -136,7 +139,8 @@ Reason = Literal[
     "invalid_response",  # the response is not a string
     "invalid_gold",  # data error, see module docstring
     "timeout",
-    "error",  # worker crashed / raised / pool failure
+    "error",  # the comparison raised (or an unexpected error in the cheap checks)
+    "unscored",  # the pool could not run the comparison (score nan), see the module docstring
 ]
 
 
@@ -146,7 +150,8 @@ class MathScoreResult:
     """Outcome of scoring one response.
 
     Attributes:
-        score: ``1.0`` (correct) or ``-1.0`` (anything else).
+        score: ``1.0`` (correct), ``-1.0`` (anything else), or ``nan`` when unscored (the pool
+            could not run the comparison; see the module docstring).
         reason: why, one of :data:`Reason`.
         extracted: the final boxed answer taken from the response (``None`` if none).
         detail: extra diagnostic text (exception, timeout), may be empty.
@@ -167,6 +172,10 @@ class MathScoreResult:
 
 def _wrong(reason: str, extracted: str | None = None, detail: str = "") -> MathScoreResult:
     return MathScoreResult(WRONG_REWARD, reason, extracted, detail)
+
+
+def _unscored(extracted: str | None, detail: str) -> MathScoreResult:
+    return MathScoreResult(UNSCORED_REWARD, "unscored", extracted, detail)
 
 
 # ------------------------------------------------------------------------ extraction
@@ -905,6 +914,15 @@ def _finish(job: _Job, outcome: TaskOutcome) -> MathScoreResult:
         if verdict in ("wrong", "unparseable_answer"):
             return _wrong(verdict, job.extracted)
         return _wrong("error", job.extracted, f"unexpected verdict {verdict!r}")
+    if outcome.status in RETRIED_STATUSES:  # the pool's failure, not the answer's: never -1
+        logger.warning(
+            "math reward: %s (%s) while verifying answer %s against gold %s; unscored (nan)",
+            outcome.status,
+            outcome.detail,
+            _short(job.answer),
+            _short(job.gold),
+        )
+        return _unscored(job.extracted, f"{outcome.status}: {outcome.detail}")
     reason = "timeout" if outcome.status == "timeout" else "error"
     logger.warning(
         "math reward: %s (%s) while verifying answer %s against gold %s; scoring -1",
@@ -932,12 +950,13 @@ def math_score_detailed(
     """Score one response and say why (see :func:`math_score` for the rules).
 
     Returns:
-        :class:`MathScoreResult` with ``score`` 1.0 or -1.0, ``reason``, the extracted
-        boxed answer and diagnostics.
+        :class:`MathScoreResult` with ``score`` 1.0, -1.0 or nan (unscored), ``reason``, the
+        extracted boxed answer and diagnostics.
 
     Raises:
-        ValueError: ``timeout_s`` is not positive. Nothing else: every failure of the
-        verification (timeout, crash, exception) becomes ``-1`` with a logged warning.
+        ValueError: ``timeout_s`` is not positive. Nothing else: a timeout or an exception of the
+        verification becomes ``-1``, a pool failure (after the retries) ``nan``, each with a logged
+        warning.
     """
     timeout_s = _check_timeout(timeout_s)
     try:
@@ -978,7 +997,8 @@ def math_score(
         equivalent to ``ground_truth`` according to ``math_verify.verify(gold, pred)``;
         ``-1.0`` otherwise: wrong, no/empty/unclosed box, unclosed or (when required)
         missing think block, unparseable answer, unusable ground truth (logged once as a
-        data error), timeout or worker failure (logged).
+        data error), timeout or an exception of the comparison (logged); ``nan`` (unscored) when
+        the worker pool could not run the comparison after its retries (logged).
 
     Raises:
         ValueError: ``timeout_s`` is not positive. Scoring failures never raise.
@@ -1020,7 +1040,7 @@ def math_score_batch_detailed(
         configure_math_pool(max_workers=max_workers)
 
     results: list[MathScoreResult | None] = [None] * n
-    pending: list[tuple[int, _Job, Future | None]] = []
+    pending: list[tuple[int, _Job]] = []
     for i in range(n):
         try:
             prepared = _prepare(solution_strs[i], ground_truths[i], bool(think_flags[i]))
@@ -1029,27 +1049,15 @@ def math_score_batch_detailed(
             prepared = _wrong("error", detail=repr(exc))
         if isinstance(prepared, MathScoreResult):
             results[i] = prepared
-            continue
-        args = (prepared.gold, prepared.answer, FLOAT_ROUNDING, NUMERIC_PRECISION)
-        try:
-            future = _POOL.submit(verify_answer, args, timeout_s=timeout_s)
-        except RuntimeError:
-            future = None  # retried below with run()
-        pending.append((i, prepared, future))
+        else:
+            pending.append((i, prepared))
 
-    for i, job, future in pending:
-        outcome = (
-            _POOL.wait(future, timeout_s=timeout_s)
-            if future is not None
-            else TaskOutcome("pool_error", detail="could not schedule")
-        )
-        if outcome.status in ("pool_error", "crashed"):  # same retries as a single call
-            outcome = _POOL.run(
-                verify_answer,
-                (job.gold, job.answer, FLOAT_ROUNDING, NUMERIC_PRECISION),
-                timeout_s=timeout_s,
-                crashed_retries=0 if outcome.status == "crashed" else 1,
-            )
+    outcomes = _POOL.run_many(
+        verify_answer,
+        [(job.gold, job.answer, FLOAT_ROUNDING, NUMERIC_PRECISION) for _, job in pending],
+        timeout_s=timeout_s,
+    )
+    for (i, job), outcome in zip(pending, outcomes, strict=True):
         results[i] = _finish(job, outcome)
     return [r if r is not None else _wrong("error") for r in results]
 
@@ -1062,7 +1070,7 @@ def math_score_batch(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_workers: int | None = None,
 ) -> list[float]:
-    """Batch form of :func:`math_score`: a list of 1.0 / -1.0 in input order.
+    """Batch form of :func:`math_score`: a list of 1.0 / -1.0 (nan: unscored) in input order.
 
     See :func:`math_score_batch_detailed` for parallelism and errors.
     """

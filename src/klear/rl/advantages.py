@@ -14,6 +14,12 @@ soft code rewards of 0.7) carries no policy gradient; Klear filters such groups 
 the RL batch.  Equality is decided by comparing the raw rewards with ``==``, never by
 ``std < threshold``: a float32 std of identical values can come out as ~1e-8 instead
 of 0, and a threshold would also swallow genuinely close-but-different rewards.
+
+Unscored samples: a NaN reward (:data:`klear.rewards.correctness.UNSCORED_REWARD`, a score the
+judge could not compute) is not a reward. Mean, std and the all-equal test of its group use the
+SCORED members only, its own advantage is 0, and a group with fewer than 2 scored members has
+zero advantages (and counts as all-equal). The trainer also leaves unscored samples out of the
+loss. ``+-inf`` is still an error.
 """
 
 from __future__ import annotations
@@ -85,15 +91,27 @@ def _group_index(group_ids: GroupIds, n: int, device: torch.device) -> tuple[tor
     return torch.tensor(inverse_list, dtype=torch.long, device=device), len(index)
 
 
-def _all_equal_by_index(values: torch.Tensor, inverse: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Per-sample bool: every value of the sample's group ``== `` the group's first value."""
+def _all_equal_by_index(
+    values: torch.Tensor, inverse: torch.Tensor, num_groups: int, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-sample bool: every value of the sample's group ``== `` the group's first value.
+
+    With ``valid`` ``(N,)`` bool, only valid members are compared (with the first valid one); a group
+    with at most one valid member is all-equal."""
     n = values.shape[0]
     if n == 0:
         return torch.zeros(0, dtype=torch.bool, device=values.device)
     positions = torch.arange(n, device=values.device)
+    if valid is not None:
+        positions = torch.where(valid, positions, n)  # invalid members are never a group's first
     first = torch.full((num_groups,), n, dtype=torch.long, device=values.device)
     first = first.scatter_reduce(0, inverse, positions, reduce="amin", include_self=True)
-    equal = (values == values[first][inverse]).to(torch.int32)
+    has_first = first < n
+    first = first.clamp(max=n - 1)
+    equal = values == values[first][inverse]
+    if valid is not None:
+        equal = equal | ~valid | ~has_first[inverse]
+    equal = equal.to(torch.int32)
     group_ok = torch.ones(num_groups, dtype=torch.int32, device=values.device)
     group_ok = group_ok.scatter_reduce(0, inverse, equal, reduce="amin", include_self=True)
     return group_ok.bool()[inverse]
@@ -102,15 +120,19 @@ def _all_equal_by_index(values: torch.Tensor, inverse: torch.Tensor, num_groups:
 # --------------------------------------------------------------------------- public API
 
 
-def all_equal_groups(values: torch.Tensor | Sequence, group_ids: GroupIds) -> torch.Tensor:
+def all_equal_groups(
+    values: torch.Tensor | Sequence, group_ids: GroupIds, *, scored: torch.Tensor | Sequence | None = None
+) -> torch.Tensor:
     """Per-sample flag: are all values of this sample's group exactly equal?
 
     Args:
         values: ``(N,)`` tensor (any real dtype, bool included) or a sequence of numbers.
             Compared with ``==`` exactly (no tolerance); a NaN is equal to nothing, so a
-            group containing NaN is never all-equal.
+            group containing a compared NaN is never all-equal.
         group_ids: ``(N,)`` integer tensor or a sequence of N hashable prompt ids.
             Members of a group need not be contiguous.
+        scored: optional ``(N,)`` bool; only these members are compared (the others, e.g.
+            unscored samples, are ignored), so a group with at most one of them is all-equal.
 
     Returns:
         ``(N,)`` bool tensor on ``values``' device; True for every member of a group whose
@@ -123,7 +145,12 @@ def all_equal_groups(values: torch.Tensor | Sequence, group_ids: GroupIds) -> to
     """
     v = _as_1d("values", values)
     inverse, g = _group_index(group_ids, v.shape[0], v.device)
-    return _all_equal_by_index(v, inverse, g)
+    valid = None
+    if scored is not None:
+        valid = _as_1d("scored", scored).to(device=v.device, dtype=torch.bool)
+        if valid.shape[0] != v.shape[0]:
+            raise ValueError(f"scored has length {valid.shape[0]} but there are {v.shape[0]} values")
+    return _all_equal_by_index(v, inverse, g, valid)
 
 
 def zero_advantage_group_mask(rewards: torch.Tensor | Sequence, group_ids: GroupIds) -> torch.Tensor:
@@ -131,12 +158,12 @@ def zero_advantage_group_mask(rewards: torch.Tensor | Sequence, group_ids: Group
 
     These are the zero-advantage groups Klear drops from the RL batch (Sec. 5.2.5); True
     marks samples to DROP.  Same as the second output of
-    :func:`compute_group_advantages`, and as :func:`all_equal_groups` plus the reward
-    checks (ValueError on empty input or a non-finite reward).
+    :func:`compute_group_advantages`: NaN rewards are unscored and ignored (module docstring);
+    ValueError on empty input or an infinite reward.
     """
     r = _as_1d("rewards", rewards)
     _check_rewards(r)
-    return all_equal_groups(r, group_ids)
+    return all_equal_groups(r, group_ids, scored=_scored(r))
 
 
 def filter_mask_exact_correct(is_correct: torch.Tensor | Sequence, group_ids: GroupIds) -> torch.Tensor:
@@ -163,13 +190,19 @@ def filter_mask_exact_correct(is_correct: torch.Tensor | Sequence, group_ids: Gr
 
 
 def _check_rewards(r: torch.Tensor) -> None:
+    """Empty input or an infinite reward is an error; NaN (unscored) is allowed."""
     if r.shape[0] == 0:
         raise ValueError("rewards is empty")
     if r.is_floating_point():
-        finite = torch.isfinite(r)
-        if not bool(finite.all()):
-            i = int((~finite).nonzero()[0, 0].item())
-            raise ValueError(f"rewards[{i}] = {r[i].item()} is not finite")
+        inf = torch.isinf(r)
+        if bool(inf.any()):
+            i = int(inf.nonzero()[0, 0].item())
+            raise ValueError(f"rewards[{i}] = {r[i].item()} is infinite (NaN would mark an unscored sample)")
+
+
+def _scored(r: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` bool: which rewards are scores (not NaN, i.e. not unscored)."""
+    return ~torch.isnan(r) if r.is_floating_point() else torch.ones_like(r, dtype=torch.bool)
 
 
 def compute_group_advantages(
@@ -183,12 +216,15 @@ def compute_group_advantages(
 
     ``A = (R - mean_g) / (std_g + epsilon)`` with the population std over the group
     (``std_normalize=False``: ``A = R - mean_g``, the Dr. GRPO variant).  Mean and std
-    are computed in float64.  Groups whose raw rewards are all exactly equal (``==``)
-    get advantages of exactly 0.0, whatever rounding the std computation would give.
+    are computed in float64 over the group's SCORED members (NaN rewards are unscored, see
+    the module docstring; an unscored sample's advantage is 0 and it enters no sum or count).
+    Groups whose scored raw rewards are all exactly equal (``==``), and groups with fewer than
+    2 scored members, get advantages of exactly 0.0, whatever rounding the std computation
+    would give.
 
     Args:
         rewards: ``(N,)`` raw rewards (float or integer tensor, or a sequence of numbers);
-            soft rewards such as 0.7 are fine.
+            soft rewards such as 0.7 are fine; NaN marks an unscored sample.
         group_ids: ``(N,)`` integer tensor or a sequence of N hashable prompt ids
             (str, int, tuple, ...).  Groups are keyed by id, not position; members may be
             interleaved.
@@ -198,10 +234,11 @@ def compute_group_advantages(
     Returns:
         ``(advantages, is_zero_adv_group)``: ``(N,)`` tensor of ``rewards.dtype``
         (float32 for integer / bool rewards) on the rewards' device, and ``(N,)`` bool,
-        True for every member of an all-equal group (a group of size 1 included).
+        True for every member of an all-equal group (a group with at most one scored member
+        included).
 
     Raises:
-        ValueError: empty input, length mismatch, non-finite reward (names the index),
+        ValueError: empty input, length mismatch, infinite reward (names the index),
             negative or non-finite epsilon, tensor arguments that are not 1-D.
         TypeError: unhashable ids, float id tensor, complex or non-numeric rewards.
     """
@@ -214,16 +251,18 @@ def compute_group_advantages(
     out_dtype = r.dtype if r.is_floating_point() else torch.float32
     inverse, g = _group_index(group_ids, r.shape[0], r.device)
 
-    r64 = r.to(torch.float64)
-    counts = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, torch.ones_like(r64))
+    scored = _scored(r)
+    w = scored.to(torch.float64)
+    r64 = torch.where(scored, r.to(torch.float64), 0.0)  # unscored: out of every sum and count
+    counts = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, w).clamp(min=1.0)
     mean = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, r64) / counts
-    centred = r64 - mean[inverse]
+    centred = (r64 - mean[inverse]) * w
     if std_normalize:
         var = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, centred * centred) / counts
         adv = centred / (var.sqrt()[inverse] + epsilon)
     else:
         adv = centred
 
-    is_zero = _all_equal_by_index(r, inverse, g)
-    adv = torch.where(is_zero, torch.zeros_like(adv), adv)
+    is_zero = _all_equal_by_index(r, inverse, g, scored)
+    adv = torch.where(is_zero | ~scored, torch.zeros_like(adv), adv)
     return adv.to(out_dtype), is_zero

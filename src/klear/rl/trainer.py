@@ -5,9 +5,9 @@ accumulation, checkpointing and logging. This module overrides these ``GRPOTrain
 
 * ``_calculate_rewards``: keeps the rollout's group ids (prompt ids) next to the rewards;
 * ``_generate_and_score_completions``: after TRL has generated and scored a rollout batch, we
-  recompute the advantages with Eq. 4 keyed by PROMPT ID (:func:`klear.rl.advantages.
-  compute_group_advantages`), mark zero-advantage groups, correct responses and truncated
-  responses, and log the rollout metrics the paper plots (Sec. 5).
+  recompute the advantages with Eq. 4 keyed by PROMPT ID (:func:`rollout_rewards`), mark
+  zero-advantage groups, unscored, correct and truncated responses, and log the rollout metrics
+  the paper plots (Sec. 5).
 * ``_get_per_token_logps_and_entropies``: during a training rollout, TRL's old-log-prob pass over the
   whole rollout batch returns nothing; ``_prepare_inputs`` runs it later on the kept samples only.
 * ``_prepare_inputs``: after TRL has split one rollout batch into ``steps_per_generation``
@@ -64,6 +64,13 @@ From the authors' released code (verl fork, ``Kwai-Klear/KlearReasoner``):
    the forward values and gradients match their equations (tested against hand-computed float64
    gradients).
 
+Unscored samples (a reward function returned None/NaN: the judge could not compute the score, see
+:mod:`klear.rewards.correctness`) are left out of the loss (``klear_keep`` False, so none of their tokens
+enters any divisor) and of their group's advantage statistics (:func:`rollout_rewards`); ``klear/accuracy``
+is over the scored samples and ``klear/unscored_frac`` logs their share. A rollout batch in which NO sample
+could be scored stops training with a ``RuntimeError``: the judge is down, and training on nothing would
+only hide it.
+
 Not supported (rejected with a ``ValueError`` rather than silently ignored): a KL term
 (``beta != 0``; Klear uses none), entropy bonus, TRL's entropy-quantile / off-policy masks,
 sequence-level importance sampling, TRL's vLLM importance-sampling correction, sampling with
@@ -87,6 +94,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
 from klear.lifecycle import LifecycleMixin
+from klear.rewards.correctness import UNSCORED_REWARD
 from klear.rewards.correctness import is_correct as correct_mask
 from klear.rl.advantages import all_equal_groups, compute_group_advantages
 from klear.rl.losses import LOSS_AGG_MODES, LOSS_MODES, METRIC_REDUCTIONS, LossInputs, LossSettings, total_loss
@@ -225,6 +233,64 @@ class _PhaseTimer(TrainerCallback):
         t._klear_time = dict.fromkeys(TIMING_PHASES, 0.0)
 
 
+@dataclass(frozen=True)
+class RolloutRewards:
+    """Per-sample results of scoring one rollout batch (all processes), see :func:`rollout_rewards`.
+
+    Attributes (each ``(N,)``): ``rewards`` float (NaN: unscored), ``scored`` bool, ``advantages``
+    float (0 for unscored samples), ``zero_adv`` bool (the sample's group carries no gradient),
+    ``is_correct`` bool (False for unscored samples).
+    """
+
+    rewards: torch.Tensor
+    scored: torch.Tensor
+    advantages: torch.Tensor
+    zero_adv: torch.Tensor
+    is_correct: torch.Tensor
+
+
+def rollout_rewards(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    group_ids: list,
+    *,
+    adv_epsilon: float,
+    correct_reward: float,
+    zero_adv_criterion: str,
+) -> RolloutRewards:
+    """Rewards, advantages (Eq. 4, by prompt id) and flags of one rollout batch.
+
+    A sample is UNSCORED when any reward function returned None/NaN for it (its weighted sum would be
+    missing a term; TRL's own rule, "all functions None", would score it with the other functions):
+    its reward is NaN, its advantage 0, and its group's mean and std are those of the scored members
+    (:func:`klear.rl.advantages.compute_group_advantages`).
+
+    Args:
+        rewards_per_func: ``(N, F)`` float, one column per reward function (NaN where it returned None).
+        reward_weights: ``(F,)`` float.
+        group_ids: N prompt ids.
+        adv_epsilon: epsilon of Eq. 4.
+        correct_reward: a response is correct when its reward reaches this.
+        zero_adv_criterion: ``"reward"`` or ``"correctness"`` (:class:`GPPOConfig`); both over scored members.
+
+    Raises:
+        RuntimeError: no sample of the batch could be scored.
+    """
+    scored = ~torch.isnan(rewards_per_func).any(dim=1)
+    if not bool(scored.any()):
+        raise RuntimeError(
+            f"no sample of the rollout batch could be scored (all {len(scored)} rewards are None/NaN): "
+            "the reward judge is failing (see the reward warnings above); stopping rather than training on nothing"
+        )
+    weighted = torch.nan_to_num(rewards_per_func) * reward_weights.to(rewards_per_func.device).unsqueeze(0)
+    rewards = torch.where(scored, weighted.sum(dim=1), UNSCORED_REWARD)
+    advantages, zero_adv = compute_group_advantages(rewards, group_ids, epsilon=adv_epsilon)
+    is_correct = correct_mask(rewards, correct_reward)  # NaN is never correct
+    if zero_adv_criterion == "correctness":
+        zero_adv = all_equal_groups(is_correct, group_ids, scored=scored)
+    return RolloutRewards(rewards, scored, advantages, zero_adv, is_correct)
+
+
 def _prompt_key(example: dict[str, Any], prompt: Any) -> str:
     """Group id of one rollout: the dataset's ``prompt_id`` if present, else a hash of the prompt."""
     pid = example.get("prompt_id")
@@ -341,7 +407,8 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
     Dataset columns used besides ``prompt``: ``prompt_id`` (group key; a hash of the prompt when
     absent) and whatever the reward function needs (``data_source``, ``reward_model``).
 
-    Metrics added to TRL's (prefix ``klear/``): ``accuracy``, ``zero_adv_group_frac``,
+    Metrics added to TRL's (prefix ``klear/``): ``accuracy`` (over scored samples), ``unscored_frac`` (share of
+    the rollout batch the judge could not score; those samples are out of the loss), ``zero_adv_group_frac``,
     ``filtered_sample_frac``, ``truncated_frac``, ``num_loss_tokens``, ``num_sft_tokens``, and every metric of
     :func:`klear.rl.losses.total_loss` (``policy_loss``, ``sft_loss``, ``clip_frac``, ``clip_frac_high``,
     ``clip_frac_low``, ``dual_clip_frac``, ``ppo_kl``, ``ratio_mean``, ``ratio_max``, ``ratio_min``,
@@ -458,19 +525,16 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         device = output["completion_ids"].device
         mode = "train" if self.model.training else "eval"
 
-        rewards_per_func = rollout["rewards_per_func"]
-        bad = torch.isnan(rewards_per_func).any(dim=1).nonzero().flatten()
-        if bad.numel():
-            raise ValueError(
-                f"reward function returned None/NaN for rollout sample {bad[0].item()} (of {len(rewards_per_func)}); "
-                "every response must get a reward"
-            )
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).sum(dim=1)
         group_ids = rollout["group_ids"]
-        advantages, zero_adv = compute_group_advantages(rewards, group_ids, epsilon=args.adv_epsilon)
-        is_correct = correct_mask(rewards, args.correct_reward)
-        if args.zero_adv_criterion == "correctness":
-            zero_adv = all_equal_groups(is_correct, group_ids)
+        scores = rollout_rewards(
+            rollout["rewards_per_func"],
+            self.reward_weights,
+            group_ids,
+            adv_epsilon=args.adv_epsilon,
+            correct_reward=args.correct_reward,
+            zero_adv_criterion=args.zero_adv_criterion,
+        )
+        advantages, zero_adv, is_correct, scored = scores.advantages, scores.zero_adv, scores.is_correct, scores.scored
 
         # This process's slice (TRL gathers rewards across processes for group statistics).
         n_local = output["completion_ids"].size(0)
@@ -481,7 +545,7 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             output["completion_ids"], output["completion_mask"], self.max_completion_length, self.eos_token_ids
         )
 
-        keep = torch.ones(n_local, dtype=torch.bool, device=device)
+        keep = scored[local].to(device).clone()  # unscored samples never enter the loss
         if args.filter_zero_adv_groups and mode == "train":
             keep &= ~zero_adv[local].to(device)
         if args.overlong_filter:
@@ -497,7 +561,8 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         truncated_all = self.accelerator.gather(is_truncated)
         keep_all = self.accelerator.gather(keep)
         m = self._metrics[mode]
-        m["klear/accuracy"].append(is_correct.float().mean().item())
+        m["klear/accuracy"].append((is_correct & scored).sum().item() / max(int(scored.sum()), 1))
+        m["klear/unscored_frac"].append(1.0 - scored.float().mean().item())
         m["klear/zero_adv_group_frac"].append(zero_groups / max(n_groups, 1))
         m["klear/truncated_frac"].append(truncated_all.float().mean().item())
         m["klear/filtered_sample_frac"].append(1.0 - keep_all.float().mean().item())

@@ -23,14 +23,24 @@ Sec. 3.2). For G samples the TRL advantages are smaller by ``sqrt((G - 1) / G)``
 ``adv_std: sample`` (default) is plain TRL; ``adv_std: population`` multiplies TRL's advantages by
 ``sqrt(G / (G - 1))`` after TRL computed them, giving ``(r - mean) / (std_pop + 1e-4 * sqrt((G - 1) / G))``,
 Eq. 4 up to the epsilon. It needs TRL's per-group scaling (``scale_rewards: group``, TRL's default).
+
+Unscored samples (the klear reward returns ``nan`` when the judge could not score a response; see
+:mod:`klear.rewards.correctness`) are handled as plain TRL 1.16 handles a reward function returning
+None: the group's mean and std are over its scored members (``nanmean``/``nanstd``), the unscored
+sample's advantage is 0 (a group with fewer than 2 scored members gets 0 everywhere), and it is
+counted out of the logged ``reward``. Unlike :class:`klear.rl.trainer.GPPOTrainer`, TRL keeps its
+tokens in the loss's token-mean divisor (they add zero to the sum), and it does not stop when a whole
+batch is unscored (every advantage is then 0). ``adv_std: population`` rescales each group by
+``sqrt(k / (k - 1))`` with ``k`` its number of scored members (``G`` when all are scored), since TRL's
+sample std is over those ``k``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
+import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from klear.lifecycle import LifecycleMixin
@@ -80,14 +90,41 @@ class TRLPeerConfig(GRPOConfig):
             )
 
 
+def population_std_factor(rewards_per_func: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """``(N,)`` factor turning TRL's sample-std advantages into population-std ones: ``sqrt(k / (k - 1))``
+    with ``k`` the number of scored members of the sample's group (TRL's groups: ``num_generations``
+    consecutive rows; a row is unscored when every reward function returned None/NaN, TRL's rule). 1 where
+    ``k < 2`` (TRL's advantages are 0 there).
+
+    Args:
+        rewards_per_func: ``(N, F)`` float, gathered over all processes.
+        num_generations: group size ``G`` (``N`` is a multiple of it).
+    """
+    scored = (~torch.isnan(rewards_per_func).all(dim=1)).to(torch.float64)
+    k = scored.view(-1, num_generations).sum(dim=1)
+    factor = torch.where(k > 1, (k / (k - 1).clamp(min=1)).sqrt(), torch.ones_like(k))
+    return factor.repeat_interleave(num_generations)
+
+
 class TRLPeerTrainer(LifecycleMixin, GRPOTrainer):
     """TRL's ``GRPOTrainer``, unchanged except for the optional population-std rescale (``args.adv_std``)."""
 
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._peer_rewards_per_func = rewards_per_func  # gathered over processes; read just below
+        return rewards_per_func
+
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        if self.args.adv_std == "population":
-            g = self.num_generations
-            output["advantages"] = output["advantages"] * math.sqrt(g / (g - 1))
+        rewards_per_func, self._peer_rewards_per_func = getattr(self, "_peer_rewards_per_func", None), None
+        if self.args.adv_std == "population" and rewards_per_func is not None:
+            mode = "train" if self.model.training else "eval"
+            g = self.num_generations if mode == "train" else self.num_generations_eval
+            factor = population_std_factor(rewards_per_func, g)
+            n_local = output["advantages"].size(0)
+            start = self.accelerator.process_index * n_local
+            local = factor[start : start + n_local].to(output["advantages"].device, output["advantages"].dtype)
+            output["advantages"] = output["advantages"] * local
         return output
 
 

@@ -233,7 +233,7 @@ def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0
             raise ValueError(f"row {i}: filter {mode!r} needs field 'ground_truth' to judge the response")
     keep = [True] * n
     if to_score:
-        from klear.rewards import compute_scores, is_correct
+        from klear.rewards import compute_scores, is_correct, require_scored
 
         scores = compute_scores(
             [rows[i]["data_source"] for i in to_score],
@@ -242,6 +242,7 @@ def filter_sft_dataset(dataset, mode: str = "none", *, easy_pass_rate: float = 0
             [None] * len(to_score),
             max_workers=max_workers,
         )
+        require_scored(scores, lambda j: f"row {to_score[j]}")  # an unscored response is not a wrong one
         for i, score in zip(to_score, scores):
             ok = is_correct(float(score))
             stats["n_correct"] += int(ok)

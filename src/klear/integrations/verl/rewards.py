@@ -10,6 +10,13 @@ Scorer options go in ``reward.custom_reward_function.reward_kwargs`` (math: ``re
 verl's reward loop calls the function from a thread pool inside each reward worker; klear's math
 verifier runs on its shared worker-process pool and the code judge in its sandbox, both of which
 serve concurrent callers from threads.
+
+Unscored responses: verl's reward managers and advantage estimators take one float per response and
+have no notion of a missing reward (a NaN would turn its whole group's advantages, and the loss, into
+NaN; any number would be a made-up verdict). So when klear's judge could not score a response even
+after its backoff retries (``nan``, :data:`klear.rewards.correctness.UNSCORED_REWARD`), this adapter
+raises ``RuntimeError`` and the step fails with that message; resume from the last checkpoint once
+the reward workers are healthy.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from klear.rewards import compute_score as _klear_compute_score
-from klear.rewards.correctness import is_correct
+from klear.rewards.correctness import is_correct, is_unscored
 
 __all__ = ["compute_score"]
 
@@ -42,8 +49,14 @@ def compute_score(
 
     Raises:
         ValueError: no klear scorer for ``data_source`` (the message lists the registered prefixes).
+        RuntimeError: the judge could not score the response (unscored, see the module docstring).
     """
     kwargs.pop("reward_router_address", None)
     kwargs.pop("reward_model_tokenizer", None)
     score = _klear_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+    if is_unscored(score):
+        raise RuntimeError(
+            f"klear reward: the judge could not score a {data_source!r} response (reward workers kept failing "
+            "after the retries; see the warnings above); verl needs a float for every response, so the step stops"
+        )
     return {"score": score, "acc": 1.0 if is_correct(score) else 0.0}

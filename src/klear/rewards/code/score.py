@@ -9,12 +9,17 @@ ran out is a failed test, never an exception in the trainer. A response without 
 format) scores like one that fails every test.
 
 **Pool.** Responses are scored in worker processes (:func:`get_code_pool`, klear's design), each
-with its own sandbox; a worker lost to a time-out or crash fails its response's tests.
+with its own sandbox. A scoring task that overran its limit or raised fails its response's tests. A
+task lost to the pool (the pool broke, or the worker was killed under it) is retried with backoff
+(:meth:`klear.rewards._timeout.TimedProcessPool.run_many`); if it still fails the response is
+UNSCORED: reward ``nan`` (:data:`klear.rewards.correctness.UNSCORED_REWARD`), status ``"unscored"``,
+never a failed test.
 
 **Canary.** Every batch also scores known-correct programs (stdin, call, and numpy when it is
 installed and allowed) under the same limits; if one fails,
 :class:`~klear.rewards.sandbox.SandboxError` is raised instead of silently returning zeros (e.g.
-an address-space limit the interpreter cannot live with).
+an address-space limit the interpreter cannot live with). An unscored canary proves nothing either
+way and is not checked.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import Any
 
-from klear.rewards._timeout import TaskOutcome, TimedProcessPool, limit_worker_memory
+from klear.rewards._timeout import RETRIED_STATUSES, TaskOutcome, TimedProcessPool, limit_worker_memory
 from klear.rewards.code.extract import extract_code
 from klear.rewards.code.layouts import log_bad_ground_truth, parse_ground_truth
 from klear.rewards.code.run import run_tests
+from klear.rewards.correctness import UNSCORED_REWARD
 from klear.rewards.sandbox import SandboxConfig, SandboxError, get_sandbox
 from klear.rewards.think_format import requires_think
 
@@ -47,12 +53,13 @@ class CodeScoreResult:
     """Verdict for one response.
 
     Attributes:
-        reward: soft ``passed / total`` or hard ``+1 / -1``.
+        reward: soft ``passed / total`` or hard ``+1 / -1``; ``nan`` when unscored.
         passed, total: tests passed / all tests of the problem.
         status: ``"ok"`` (tests ran), ``"no_code"`` (no usable code block), ``"invalid_ground_truth"``,
             ``"load_error"`` (the program failed to compile or import for call/assert tests),
-            ``"worker_timeout"`` / ``"worker_crashed"`` / ``"worker_error"`` (the scoring worker was
-            lost; every test counts as failed).
+            ``"worker_timeout"`` / ``"worker_error"`` (the scoring task overran its limit or raised; every
+            test counts as failed), ``"unscored"`` (the pool could not run the scoring task after its
+            retries; reward ``nan``, see the module docstring).
         test_status: one entry per test: ``pass``, ``wrong_answer``, ``runtime_error``, ``timeout``,
             ``signal``, ``output_limit``, ``load_error``, ``not_run`` (after the first failure in
             stop-first mode, or the program's time budget ran out).
@@ -152,7 +159,7 @@ def _canaries(config: SandboxConfig) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def _check_canaries(results: Sequence[CodeScoreResult], names: Sequence[str]) -> None:
-    bad = [(n, r) for n, r in zip(names, results) if r.passed != r.total or r.total == 0]
+    bad = [(n, r) for n, r in zip(names, results) if r.status != "unscored" and (r.passed != r.total or r.total == 0)]
     if bad:
         desc = "; ".join(f"{n}: {r.status} {r.test_status} {r.detail[-300:]!r}" for n, r in bad)
         raise SandboxError(
@@ -201,9 +208,10 @@ def _task(args: tuple) -> CodeScoreResult:  # runs in a pool worker
 
 
 def _lost(outcome: TaskOutcome, total_hint: int, reward_mode: str, program: str | None) -> CodeScoreResult:
-    status = {"timeout": "worker_timeout", "crashed": "worker_crashed"}.get(outcome.status, "worker_error")
+    unscored = outcome.status in RETRIED_STATUSES
+    status = "unscored" if unscored else "worker_timeout" if outcome.status == "timeout" else "worker_error"
     return CodeScoreResult(
-        _reward(0, total_hint, reward_mode),
+        UNSCORED_REWARD if unscored else _reward(0, total_hint, reward_mode),
         0,
         total_hint,
         status,
@@ -238,7 +246,8 @@ def code_score_batch_detailed(
         canary: also score known-correct programs and raise if one fails.
 
     Returns:
-        One :class:`CodeScoreResult` per item. The scores do not depend on the pool size.
+        One :class:`CodeScoreResult` per item (reward ``nan`` when unscored, see the module docstring).
+        The scores do not depend on the pool size.
 
     Raises:
         ValueError: bad ``reward_mode`` or mismatched lengths.
@@ -263,10 +272,8 @@ def code_score_batch_detailed(
     if max_workers is not None:
         pool.resize(max_workers)
     timeout = config.program_time_limit_s + POOL_GRACE_S
-    futures = [pool.submit(_task, (it,), timeout_s=timeout) for it in items]
     results = []
-    for it, fut in zip(items, futures):
-        outcome = pool.wait(fut, timeout_s=timeout)
+    for it, outcome in zip(items, pool.run_many(_task, [(it,) for it in items], timeout_s=timeout)):
         if outcome.ok:
             results.append(outcome.value)
         else:
