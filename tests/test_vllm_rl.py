@@ -26,6 +26,20 @@ from klear.rl.trainer import GPPOConfig, GPPOTrainer  # noqa: E402
 from klear.runs import check_prompt_context  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _release_the_colocated_engine():
+    """Free a test's in-process engine before the next test sizes its own from this process's memory.
+
+    vLLM's engine core calls ``gc.freeze()`` once started (``vllm/v1/engine/core.py``): in colocate mode that
+    pins the training process's objects, the engine and its KV cache included, for the life of the process
+    (the pytest process here; `klear rl` runs one engine per process). vLLM's own test teardown unfreezes,
+    destroys its distributed state and collects."""
+    yield
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+
+
 def _reward(prompts, completions, **kwargs):
     """Deterministic and varied within a group (few zero-advantage groups)."""
     return [float(len(c[0]["content"]) % 5) for c in completions]

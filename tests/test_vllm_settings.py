@@ -329,3 +329,16 @@ def test_klear_eval_passes_the_engine_settings_of_the_user(tmp_path, embedded_pa
         assert (kwargs["max_model_len"], kwargs["gpu_memory_utilization"]) == (want_len, want_memory)
         assert kwargs["max_num_seqs"] == 6  # 3 problems x 2 samples
         assert plan["needed_len"] < 200 and plan["engine_max_len"] == 8192
+
+
+def test_colocated_engine_needs_the_training_model_free_too():
+    """vLLM checks its reservation after the training model is loaded, and counts that model in it (its process)."""
+    need = kv.cpu_engine_memory(base_bytes=GIB, weight_bytes=GIB, kv_bytes_per_token=0, max_model_len=1, max_num_seqs=1)
+    # need = 1 + 1 + 0 + (1 + 0.25) = 3.25 GiB: 0.33 of 10 GiB, i.e. 3.3 GiB; with 2 GiB of training model first: 5.3
+    assert need.total == 13 * GIB // 4
+    assert kv.cpu_memory_fraction(need, int(5.31 * GIB), 10 * GIB, setting="x", loaded_first_bytes=2 * GIB) == 0.33
+    with pytest.raises(
+        ValueError, match=r"needs 3\.25 GiB .*, plus 2\.00 GiB the training model takes first, .*5\.29 "
+    ):
+        kv.cpu_memory_fraction(need, int(5.29 * GIB), 10 * GIB, setting="x", loaded_first_bytes=2 * GIB)
+    assert kv.cpu_memory_fraction(need, int(3.31 * GIB), 10 * GIB, setting="x") == 0.33  # a fresh worker process

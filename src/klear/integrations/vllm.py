@@ -192,17 +192,22 @@ def cpu_engine_memory(
     return EngineMemory(int(base_bytes), int(weight_bytes), kv, margin, int(max_model_len), int(max_num_seqs))
 
 
-def cpu_memory_fraction(need: EngineMemory, available_bytes: int, total_bytes: int, *, setting: str) -> float:
+def cpu_memory_fraction(
+    need: EngineMemory, available_bytes: int, total_bytes: int, *, setting: str, loaded_first_bytes: int = 0
+) -> float:
     """``gpu_memory_utilization`` for vLLM's CPU backend: ``need.total`` as a fraction of the host's memory.
 
     Rounded UP to 0.01 (the worker may hold at least the need). vLLM reserves ``ceil(fraction x total_bytes)``
-    and refuses to start when that is more than the free memory; so does this function, first, in one line.
+    and refuses to start when that is more than the memory free when its worker starts; so does this function,
+    first, in one line.
 
     Args:
         need: from :func:`cpu_engine_memory`.
         available_bytes: host memory free now, bytes.
         total_bytes: host memory, bytes (> 0).
         setting: the setting that overrides the sizing, named in the error (e.g. ``"--gpu-memory-utilization"``).
+        loaded_first_bytes: memory taken from the host between now and vLLM's check (colocate mode: the
+            training model, which vLLM then counts in the worker's reservation too, as part of its process).
 
     Returns:
         A fraction in [0.01, 1).
@@ -210,15 +215,18 @@ def cpu_memory_fraction(need: EngineMemory, available_bytes: int, total_bytes: i
     Raises:
         ValueError: inconsistent sizes, or the need (with its parts) exceeds the free memory.
     """
-    if total_bytes <= 0 or not 0 <= available_bytes <= total_bytes:
+    if total_bytes <= 0 or not 0 <= available_bytes <= total_bytes or loaded_first_bytes < 0:
         raise ValueError(
-            f"host memory: available {available_bytes} and total {total_bytes} bytes must satisfy "
-            "0 <= available <= total, total > 0"
+            f"host memory: available {available_bytes}, total {total_bytes} and loaded first {loaded_first_bytes} "
+            "bytes must satisfy 0 <= available <= total, total > 0, loaded first >= 0"
         )
     fraction = max(math.ceil(100 * need.total / total_bytes), 1) / 100
-    if fraction >= 1 or math.ceil(fraction * total_bytes) > available_bytes:
+    if fraction >= 1 or math.ceil(fraction * total_bytes) + loaded_first_bytes > available_bytes:
+        first = (
+            f", plus {loaded_first_bytes / GIB:.2f} GiB the training model takes first," if loaded_first_bytes else ""
+        )
         raise ValueError(
-            f"vLLM's CPU engine needs {need.describe()} of host memory, but {available_bytes / GIB:.2f} of "
+            f"vLLM's CPU engine needs {need.describe()}{first} of host memory, but {available_bytes / GIB:.2f} of "
             f"{total_bytes / GIB:.2f} GiB is free: free memory, shorten the run's context, or set {setting}"
         )
     return fraction
@@ -327,8 +335,9 @@ def cpu_engine_memory_utilization(
         max_num_seqs: sequences the engine decodes at once.
         setting: the override to name in a refusal.
         colocated: the engine runs inside THIS process (TRL's colocate mode): this process's resident memory
-            and ``training_bytes`` (what it loads before the engine: the training model) join the base.
-            Otherwise the engine runs in a fresh worker process (``vllm.LLM``).
+            and ``training_bytes`` (what it loads before the engine: the training model) join the base, and
+            the free memory must also hold ``training_bytes`` (vLLM checks after it is loaded). Otherwise the
+            engine runs in a fresh worker process (``vllm.LLM``).
         training_bytes: see ``colocated``.
 
     Raises:
@@ -347,7 +356,8 @@ def cpu_engine_memory_utilization(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
     )
-    return cpu_memory_fraction(need, *host_memory(), setting=setting)
+    loaded_first = int(training_bytes) if colocated else 0
+    return cpu_memory_fraction(need, *host_memory(), setting=setting, loaded_first_bytes=loaded_first)
 
 
 def cpu_engine_kwargs(max_model_len: int) -> dict[str, Any]:
