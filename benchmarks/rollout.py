@@ -150,15 +150,15 @@ def main() -> None:
         "--memory",
         type=float,
         default=None,
-        help="vLLM gpu_memory_utilization (fraction of host memory; default: half of the free memory)",
+        help="vLLM gpu_memory_utilization (fraction of host memory; default: sized from the need)",
     )
     args = p.parse_args()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from klear.config import load_config
     from klear.data.rl_data import make_reasoning_gym_dataset
-    from klear.integrations.vllm import cpu_memory_fraction, host_memory
+    from klear.integrations.vllm import cpu_engine_memory_utilization, parameter_count
     from klear.models.embedded import resolve_model_path
 
     lengths = [int(x) for x in args.tokens.split(",") if x]
@@ -171,7 +171,20 @@ def main() -> None:
     dataset = make_reasoning_gym_dataset(data["tasks"], size=n_prompts, seed=0, system_prompt=data.get("system_prompt"))
     prompt_ids = [tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True) for row in dataset]
     prompt_ids = [list(x["input_ids"]) if hasattr(x, "keys") else list(x) for x in prompt_ids]
-    memory = args.memory if args.memory is not None else cpu_memory_fraction(*host_memory())
+    max_len = max(map(len, prompt_ids)) + max(lengths)
+    config = AutoConfig.from_pretrained(model_path)
+    memory = args.memory
+    if memory is None:  # the engine runs in this process, next to the HF model (float32)
+        memory = cpu_engine_memory_utilization(
+            model_path,
+            config,
+            dtype="float32",
+            max_model_len=max_len,
+            max_num_seqs=n_prompts * group,
+            setting="--memory",
+            colocated=True,
+            training_bytes=4 * parameter_count(model_path, config),
+        )
     print(
         f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {_cpu_flags()}, torch threads "
         f"{torch.get_num_threads()}; {n_prompts} prompts x {group} samples, temperature {temperature}, "
@@ -181,9 +194,7 @@ def main() -> None:
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     start = time.perf_counter()
-    llm = build_engine(
-        model_path, memory, max_len=max(map(len, prompt_ids)) + max(lengths), max_num_seqs=n_prompts * group
-    )
+    llm = build_engine(model_path, memory, max_len=max_len, max_num_seqs=n_prompts * group)
     print(f"vLLM engine start {time.perf_counter() - start:.1f} s", flush=True)
     vllm_generate(llm, prompt_ids[:2], 2, 4, temperature)  # first call: allocations
     results = {}

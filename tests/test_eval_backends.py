@@ -50,7 +50,7 @@ def test_yarn_plan_keys_and_scaled_engine_length():
     c = apply_rope_plan(cfg(), plan)
     assert c.rope_parameters["rope_type"] == "yarn" and c.max_position_embeddings == 81920
     kw = build_vllm_kwargs("m", plan)
-    assert kw["max_model_len"] == 81920  # never the unscaled 32768
+    assert kw["max_model_len"] == 65536  # the run's need, beyond the unscaled 32768
     assert kw["hf_overrides"]["max_position_embeddings"] == 81920
     assert kw["hf_overrides"][plan["config_key"]]["rope_type"] == "yarn"
     assert kw["hf_overrides"][plan["config_key"]]["original_max_position_embeddings"] == 32768
@@ -70,7 +70,7 @@ def test_budget_checks_and_native_context():
         plan_context(cfg(), max_tokens=90000, max_prompt_tokens=100, rope_scaling="yarn", rope_factor=2.5)
     none = plan_context(cfg(), max_tokens=30000, max_prompt_tokens=100)
     assert none["source"] == "none" and none["override"] is None and none["engine_max_len"] == 32768
-    assert "hf_overrides" not in build_vllm_kwargs("m", none) and build_vllm_kwargs("m", none)["max_model_len"] == 32768
+    assert "hf_overrides" not in build_vllm_kwargs("m", none) and build_vllm_kwargs("m", none)["max_model_len"] == 30100
     # a Qwen3-like config (max 40960) whose training context was 32768
     q = plan_context(
         cfg(max_position_embeddings=40960),

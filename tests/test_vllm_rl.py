@@ -14,10 +14,30 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm builds
 pytestmark = pytest.mark.vllm
 
 from datasets import Dataset  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from transformers import AutoConfig, AutoTokenizer  # noqa: E402
 
-from klear.integrations.vllm import colocated_engine, engine_runner, install_weight_sync  # noqa: E402
+from klear.integrations.vllm import (  # noqa: E402
+    colocated_engine,
+    engine_runner,
+    install_weight_sync,
+    rollout_engine_settings,
+)
 from klear.rl.trainer import GPPOConfig, GPPOTrainer  # noqa: E402
+from klear.runs import check_prompt_context  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _release_the_colocated_engine():
+    """Free a test's in-process engine before the next test sizes its own from this process's memory.
+
+    vLLM's engine core calls ``gc.freeze()`` once started (``vllm/v1/engine/core.py``): in colocate mode that
+    pins the training process's objects, the engine and its KV cache included, for the life of the process
+    (the pytest process here; `klear rl` runs one engine per process). vLLM's own test teardown unfreezes,
+    destroys its distributed state and collects."""
+    yield
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
 
 
 def _reward(prompts, completions, **kwargs):
@@ -75,8 +95,6 @@ def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
         output_dir=str(tmp_path / "out"),
         use_vllm=True,
         vllm_mode="colocate",
-        vllm_gpu_memory_utilization=0.15,
-        vllm_max_model_length=256,
         use_cpu=True,
         bf16=False,
         num_generations=4,
@@ -95,6 +113,19 @@ def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
         seed=0,
         disable_tqdm=True,
     )
+    # the engine's context and memory as `klear rl` sizes them (from the longest prompt, the batch, the host)
+    longest = check_prompt_context(tok, data, budget=12, budget_name="max_completion_length", context=0, where="test")
+    sized = rollout_engine_settings(
+        args,
+        {},
+        model_path=str(embedded_path),
+        config=AutoConfig.from_pretrained(embedded_path),
+        longest_prompt=longest,
+        on_cpu=True,
+    )
+    assert sized["vllm_max_model_length"] == longest + 12
+    for field, value in sized.items():
+        setattr(args, field, value)
     with colocated_engine("float32"):
         trainer = GPPOTrainer(
             model=str(embedded_path), reward_funcs=_reward, args=args, train_dataset=data, processing_class=tok
@@ -102,6 +133,7 @@ def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
     assert install_weight_sync(trainer)
     llm = trainer.vllm_generation.llm
     assert llm.llm_engine.model_config.dtype == torch.float32
+    assert llm.llm_engine.model_config.max_model_len == longest + 12
 
     # Every micro-batch: the ratio of the policy being trained to the rollout's vLLM sampling probabilities.
     seen = []
@@ -127,7 +159,8 @@ def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
 
     # After the last optimizer step the engine still holds the weights of its last sync...
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
-    ids = tok(" ".join(f"{i} plus {i} is {2 * i}." for i in range(12)), add_special_tokens=False)["input_ids"]
+    # a probe text as long as the engine's context allows (it is sized for the rollouts)
+    ids = tok(" ".join(f"{i} plus {i} is {2 * i}." for i in range(12)), add_special_tokens=False)["input_ids"][:longest]
     assert max(_engine_vs_trained(llm, model).values()) > 1e-5
     assert _logprob_gap(llm, model, ids) > 1e-2
     # ...and one sync makes every engine tensor (packed linear kernels, embedding, tied lm_head, norms) the trained one.
@@ -140,7 +173,7 @@ def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
     assert _logprob_gap(llm, model, ids) < 2e-4
 
 
-def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch):
+def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch, capsys):
     """``klear rl trainer.use_vllm=true`` on CPU: a tiny Llama (head_dim 64, a size vLLM's CPU attention takes)
     trains two on-policy steps with vLLM rollouts, and each rollout after the first syncs through klear."""
     import json
@@ -193,7 +226,6 @@ def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch):
             "learning_rate": 1e-3,
             "save_steps": 2,
             "report_to": [],
-            "vllm_max_model_length": 256,
         },
     }
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
@@ -204,7 +236,11 @@ def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch):
     run = tmp_path / "run"
     saved = yaml.safe_load((run / "config.yaml").read_text())["trainer"]
     assert saved["use_vllm"] is True
-    assert "vllm_gpu_memory_utilization" not in saved  # a machine-dependent default is not pinned in the recipe
+    # machine- and data-dependent sizes are not pinned in the recipe; the run sized both
+    assert "vllm_gpu_memory_utilization" not in saved and "vllm_max_model_length" not in saved
+    printed = capsys.readouterr().out
+    assert "vLLM rollout engine (sized from the data): vllm_max_model_length=" in printed
+    assert "vllm_gpu_memory_utilization=0." in printed
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["klear/ratio_mean"] == pytest.approx(1.0, abs=1e-6) for m in metrics)  # on-policy steps

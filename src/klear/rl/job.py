@@ -192,7 +192,7 @@ def run_rl(
     from trl import GRPOTrainer
 
     from klear.eval.heldout import paired_difference
-    from klear.integrations.vllm import build_trainer
+    from klear.integrations.vllm import build_trainer, rollout_engine_settings
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.rl.periodic_eval import HeldoutCurveCallback
     from klear.rl.reward_fn import make_klear_reward
@@ -219,25 +219,40 @@ def run_rl(
     context = int(getattr(setup.model_config, "max_position_embeddings", 0) or 0)
     eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
     do_eval = heldout is not None and eval_cfg["enabled"]
-    if context:
+    longest = check_prompt_context(
+        tokenizer,
+        train,
+        budget=args.max_completion_length,
+        budget_name="trainer.max_completion_length",
+        context=context,
+        where=f"data.train={config['data'].get('train', 'reasoning_gym')}",
+        chat_template_kwargs=args.chat_template_kwargs,
+    )
+    # the colocated vLLM engine's context and (CPU) memory, sized from the data unless the recipe sets them
+    try:
+        engine = rollout_engine_settings(
+            args,
+            config["trainer"],
+            model_path=setup.model_path,
+            config=setup.model_config,
+            longest_prompt=longest,
+            on_cpu=setup.precision.device == "cpu",
+        )
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    for field, value in engine.items():
+        setattr(args, field, value)
+    if engine:
+        print(f"vLLM rollout engine (sized from the data): {', '.join(f'{k}={v}' for k, v in engine.items())}")
+    if context and do_eval:
         check_prompt_context(
             tokenizer,
-            train,
-            budget=args.max_completion_length,
-            budget_name="trainer.max_completion_length",
+            heldout,
+            budget=eval_cfg["max_new_tokens"],
+            budget_name="eval.max_new_tokens",
             context=context,
-            where=f"data.train={config['data'].get('train', 'reasoning_gym')}",
-            chat_template_kwargs=args.chat_template_kwargs,
+            where=f"data.heldout={config['data'].get('heldout')}",
         )
-        if do_eval:
-            check_prompt_context(
-                tokenizer,
-                heldout,
-                budget=eval_cfg["max_new_tokens"],
-                budget_name="eval.max_new_tokens",
-                context=context,
-                where=f"data.heldout={config['data'].get('heldout')}",
-            )
     logger.info(
         "data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0, time.time() - t0
     )
