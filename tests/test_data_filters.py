@@ -314,3 +314,17 @@ def test_cli_filters(tmp_path, capsys):
     assert "3 rows in, 1 rows out, 2 removed (no_samples: 1, pass_at_k_too_low: 1)" in capsys.readouterr().out
     assert main(["data", "filter", "pass-at-k", str(inp), str(out), "--samples", str(smp), "--k", "0"]) == 2
     assert "k must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_an_unscored_sample_is_refused_naming_it_not_counted_wrong(tmp_path, monkeypatch):
+    """A sample the judge could not score (nan) stops the filter with its file and row, never a wrong verdict."""
+    import klear.rewards as rewards
+
+    samples = [
+        {"prompt_id": "a", "response": "\\boxed{73}", "ground_truth": "73", "data_source": "math_dapo"},
+        {"prompt_id": "a", "response": "\\boxed{72}", "ground_truth": "73", "data_source": "math_dapo"},
+    ]
+    smp = write_jsonl(tmp_path / "s.jsonl", samples)
+    monkeypatch.setattr(rewards, "compute_scores", lambda *a, **k: [1.0, float("nan")])
+    with pytest.raises(RuntimeError, match=r"s\.jsonl: row 1: the reward judge could not score"):
+        F.load_sample_stats(smp, progress=False)

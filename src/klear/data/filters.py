@@ -273,7 +273,7 @@ def load_sample_stats(
                 f"{wh}: field 'ground_truth' is missing (expected 'ground_truth' or "
                 f"'reward_model.ground_truth' in the sample or in the data row with id {pid!r})"
             )
-        items.append((pid, resp, ds, gt, extra if isinstance(extra, dict) else None))
+        items.append((pid, resp, ds, gt, extra if isinstance(extra, dict) else None, wh))
     from klear.rewards import compute_scores, require_scored
 
     chunk = 512
@@ -289,7 +289,8 @@ def load_sample_stats(
                 max_workers=judge_workers,
                 **dict(judge_kwargs or {}),
             )
-            require_scored(scores, lambda i, part=part: part[i][5])  # an unscored sample is not a wrong one
+            locations = [x[5] for x in part]
+            require_scored(scores, locations.__getitem__)  # an unscored sample is not a wrong one
             for (pid, *_), score in zip(part, scores):
                 s = stats.setdefault(pid, [0, 0])
                 s[0] += 1
