@@ -314,3 +314,22 @@ def test_cli_filters(tmp_path, capsys):
     assert "3 rows in, 1 rows out, 2 removed (no_samples: 1, pass_at_k_too_low: 1)" in capsys.readouterr().out
     assert main(["data", "filter", "pass-at-k", str(inp), str(out), "--samples", str(smp), "--k", "0"]) == 2
     assert "k must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_pass_at_k_stats_refuse_an_unscored_sample(tmp_path, monkeypatch):
+    """A sample the judge could not score (nan) is an error naming its line, not a wrong sample in the pass rate."""
+    import klear.rewards
+
+    monkeypatch.setattr(klear.rewards, "compute_scores", lambda ds, responses, *a, **k: [float("nan")] * len(ds))
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "p"}],
+            "data_source": "math_dapo",
+            "reward_model": {"ground_truth": "73"},
+            "prompt_id": "a",
+        }
+    ]
+    samples = [{"prompt_id": "a", "response": "\\boxed{73}"}, {"prompt_id": "a", "response": "\\boxed{72}"}]
+    inp, smp = write_jsonl(tmp_path / "rl.jsonl", rows), write_jsonl(tmp_path / "s.jsonl", samples)
+    with pytest.raises(RuntimeError, match=r"s\.jsonl: row 0: the reward judge could not score this response \(2 of 2"):
+        F.load_sample_stats(smp, problems=inp, progress=False)

@@ -273,7 +273,7 @@ def load_sample_stats(
                 f"{wh}: field 'ground_truth' is missing (expected 'ground_truth' or "
                 f"'reward_model.ground_truth' in the sample or in the data row with id {pid!r})"
             )
-        items.append((pid, resp, ds, gt, extra if isinstance(extra, dict) else None))
+        items.append((pid, resp, ds, gt, extra if isinstance(extra, dict) else None, wh))
     from klear.rewards import compute_scores, require_scored
 
     chunk = 512
