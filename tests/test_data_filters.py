@@ -316,15 +316,20 @@ def test_cli_filters(tmp_path, capsys):
     assert "k must be an integer >= 1" in capsys.readouterr().err
 
 
-def test_an_unscored_sample_is_refused_naming_it_not_counted_wrong(tmp_path, monkeypatch):
-    """A sample the judge could not score (nan) stops the filter with its file and row, never a wrong verdict."""
-    import klear.rewards as rewards
+def test_pass_at_k_stats_refuse_an_unscored_sample(tmp_path, monkeypatch):
+    """A sample the judge could not score (nan) is an error naming its line, not a wrong sample in the pass rate."""
+    import klear.rewards
 
-    samples = [
-        {"prompt_id": "a", "response": "\\boxed{73}", "ground_truth": "73", "data_source": "math_dapo"},
-        {"prompt_id": "a", "response": "\\boxed{72}", "ground_truth": "73", "data_source": "math_dapo"},
+    monkeypatch.setattr(klear.rewards, "compute_scores", lambda ds, responses, *a, **k: [float("nan")] * len(ds))
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "p"}],
+            "data_source": "math_dapo",
+            "reward_model": {"ground_truth": "73"},
+            "prompt_id": "a",
+        }
     ]
-    smp = write_jsonl(tmp_path / "s.jsonl", samples)
-    monkeypatch.setattr(rewards, "compute_scores", lambda *a, **k: [1.0, float("nan")])
-    with pytest.raises(RuntimeError, match=r"s\.jsonl: row 1: the reward judge could not score"):
-        F.load_sample_stats(smp, progress=False)
+    samples = [{"prompt_id": "a", "response": "\\boxed{73}"}, {"prompt_id": "a", "response": "\\boxed{72}"}]
+    inp, smp = write_jsonl(tmp_path / "rl.jsonl", rows), write_jsonl(tmp_path / "s.jsonl", samples)
+    with pytest.raises(RuntimeError, match=r"s\.jsonl: row 0: the reward judge could not score this response \(2 of 2"):
+        F.load_sample_stats(smp, problems=inp, progress=False)

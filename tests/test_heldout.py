@@ -235,3 +235,20 @@ def test_evaluate_sampled_avg_at_n(tiny):
     assert again["completions"] == res["completions"]
     with pytest.raises(ValueError, match="must be > 0 to draw n_samples=2"):
         evaluate(model, tok, rows, max_new_tokens=5, scorer=scorer, n_samples=2)
+
+
+def test_evaluate_refuses_an_unscored_sample(tiny):
+    """The before/after comparison is paired per problem: a sample the judge could not score (nan) is an error
+    naming it, never a wrong answer."""
+    model, tok = tiny
+    rows = [
+        {"prompt": [{"role": "user", "content": "q"}], "data_source": "stub", "reward_model": {"ground_truth": g}}
+        | {"prompt_id": f"p{i}"}
+        for i, g in enumerate(["yes", "no"])
+    ]
+
+    def scorer(data_sources, solution_strs, ground_truths, extra_infos=None):
+        return [math.nan if g == "no" else 1.0 for g in ground_truths]
+
+    with pytest.raises(RuntimeError, match=r"held-out problem p1 sample 0: the reward judge could not score"):
+        evaluate(model, tok, rows, max_new_tokens=1, scorer=scorer, show_progress=False)

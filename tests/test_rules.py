@@ -121,3 +121,38 @@ def test_humaneval_rl_rows_use_the_wording_klear_eval_measures():
         problem = humaneval_problem(task)
         assert row["prompt"] == problem.messages
         assert json.loads(row["reward_model"]["ground_truth"]) == problem.ground_truth
+
+
+def test_sft_and_data_correctness_filters_refuse_an_unscored_response(tmp_path, monkeypatch):
+    """A response the judge could not score (nan) is neither kept nor dropped as wrong: both filters stop with an
+    error naming its row."""
+    import datasets
+
+    import klear.rewards
+    from klear.data.filters import filter_sft_correctness
+    from klear.sft.data import filter_sft_dataset
+
+    real = klear.rewards.compute_scores
+
+    def flaky(data_sources, responses, *a, **k):  # the judge fails on every "\boxed{3}"
+        return [
+            float("nan") if r == "\\boxed{3}" else s for r, s in zip(responses, real(data_sources, responses, *a, **k))
+        ]
+
+    monkeypatch.setattr(klear.rewards, "compute_scores", flaky)
+    rows = [_sft_row(resp, "4", "easy") for resp in ("\\boxed{4}", "\\boxed{3}")]
+    with pytest.raises(RuntimeError, match=r"row 1: the reward judge could not score this response \(1 of 2"):
+        filter_sft_dataset(datasets.Dataset.from_list(rows), "by_difficulty")
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(
+        "".join(
+            json.dumps(
+                {"messages": r["prompt"] + r["completion"], "data_source": "math", "ground_truth": "4"}
+                | {"difficulty": "easy"}
+            )
+            + "\n"
+            for r in rows
+        )
+    )
+    with pytest.raises(RuntimeError, match=r"in\.jsonl: row 1: the reward judge could not score"):
+        filter_sft_correctness(str(inp), str(tmp_path / "out.jsonl"), judge=True, progress=False, quiet=True)

@@ -289,8 +289,7 @@ def load_sample_stats(
                 max_workers=judge_workers,
                 **dict(judge_kwargs or {}),
             )
-            locations = [x[5] for x in part]
-            require_scored(scores, locations.__getitem__)  # an unscored sample is not a wrong one
+            require_scored(scores, [x[5] for x in part].__getitem__)  # an unscored sample is not a wrong one
             for (pid, *_), score in zip(part, scores):
                 s = stats.setdefault(pid, [0, 0])
                 s[0] += 1

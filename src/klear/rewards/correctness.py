@@ -24,6 +24,7 @@ metrics (:mod:`klear.eval.harness`), the verl adapter and the data/SFT filters r
 from __future__ import annotations
 
 import math
+import numbers
 from typing import overload
 
 import torch
@@ -81,11 +82,11 @@ def is_unscored(reward):
     """Whether a reward is :data:`UNSCORED_REWARD` (NaN; ``None`` counts too, as TRL reads it).
 
     Args:
-        reward: a Python number or None, or a float tensor of any shape.
+        reward: a number (Python or numpy) or None, or a tensor of any shape.
 
     Returns:
         A bool, or a bool tensor of ``reward``'s shape.
     """
     if isinstance(reward, torch.Tensor):
         return torch.isnan(reward) if reward.is_floating_point() else torch.zeros_like(reward, dtype=torch.bool)
-    return reward is None or (isinstance(reward, float) and math.isnan(reward))
+    return reward is None or (isinstance(reward, numbers.Real) and math.isnan(reward))
