@@ -228,23 +228,71 @@ def test_peer_settings_mapped_or_refused():
         TRLPeerConfig(output_dir="/tmp/x", adv_std="pop", use_cpu=True)
 
 
-def test_population_std_switch_matches_eq4(monkeypatch):
-    """TRL's sample-std advantages rescaled by adv_std=population equal Eq. 4's (population std), float64."""
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
-    centred = rewards - rewards.mean()
-    trl_adv = centred / (rewards.std(unbiased=True) + 1e-4)  # what TRL's "group" scaling gives
-    monkeypatch.setattr("trl.GRPOTrainer._generate_and_score_completions", lambda self, inputs: {"advantages": trl_adv})
-    trainer = TRLPeerTrainer.__new__(TRLPeerTrainer)
-    trainer.num_generations = 8
-    trainer.model = torch.nn.Linear(1, 1)  # .training: the train-mode group size
-    trainer.accelerator = type("Accelerator", (), {"process_index": 0})()
-    pop = math.sqrt(sum(x * x for x in centred.tolist()) / 8)
-    for adv_std, expected in (("sample", trl_adv), ("population", centred / pop)):
-        trainer.args = type("Args", (), {"adv_std": adv_std})()
-        trainer._peer_rewards_per_func = rewards.float().unsqueeze(1)  # every sample scored
-        got = trainer._generate_and_score_completions(None)["advantages"]
-        assert torch.allclose(got, expected, rtol=2e-4), adv_std
-    assert (centred / pop)[0] / trl_adv[0] == pytest.approx(math.sqrt(8 / 7), rel=2e-4)
+@pytest.mark.parametrize("adv_std", ["sample", "population"])
+def test_peer_advantages_are_trls_and_the_population_switch_gives_eq4(tmp_path, tiny_model, adv_std):
+    """TRL's own rollout code computes the advantages (a real TRLPeerTrainer step); checked per row against float64
+    formulas written here: ``sample`` is TRL's ``(r - mean) / (sample std + 1e-4)``, ``population`` is the paper's
+    Eq. 4 ``(r - mean) / (population std + eps)`` (up to TRL's epsilon: rel 1e-3, while sample vs population std
+    differ by sqrt(8/7), 7%)."""
+    from datasets import Dataset
+
+    model, tok = tiny_model
+    table = {"p0": [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0], "p1": [1.0, -1.0, 0.5, 0.5, 0.0, 1.0, -1.0, 0.25]}
+    counters: dict[str, int] = {}
+    seen: list[tuple[str, float]] = []  # (prompt id, reward) of each row, in the rollout's order
+
+    def reward(prompts, completions, prompt_id, **kw):
+        out = []
+        for pid in prompt_id:
+            i = counters.get(pid, 0)
+            counters[pid] = i + 1
+            out.append(table[pid][i % 8])
+            seen.append((pid, out[-1]))
+        return out
+
+    ds = Dataset.from_list([{"prompt": f"{i} + {i} =", "prompt_id": f"p{i}"} for i in range(2)])
+    args = TRLPeerConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        steps_per_generation=2,
+        num_generations=8,
+        max_completion_length=4,
+        max_steps=1,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        adv_std=adv_std,
+    )
+    trainer = TRLPeerTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+    produced = []
+    rollout = trainer._generate_and_score_completions
+
+    def keep_advantages(inputs):  # the rollout's advantages in row order, before TRL shuffles them
+        out = rollout(inputs)
+        produced.append(out["advantages"].double().clone())
+        return out
+
+    trainer._generate_and_score_completions = keep_advantages
+    trainer.train()
+    assert len(produced) == 1 and len(seen) == 16
+    by_prompt: dict[str, list[float]] = {}
+    for pid, r in seen:
+        by_prompt.setdefault(pid, []).append(r)
+    expected, other = [], []
+    for pid, r in seen:
+        group = by_prompt[pid]
+        mean = sum(group) / 8
+        pop = math.sqrt(sum((x - mean) ** 2 for x in group) / 8)  # Eq. 4: population std
+        sample = math.sqrt(sum((x - mean) ** 2 for x in group) / 7)
+        want, alt = ((r - mean) / (sample + 1e-4), (r - mean) / (pop + 1e-6))
+        if adv_std == "population":
+            want, alt = alt, want
+        expected.append(want)
+        other.append(alt)
+    assert produced[0].tolist() == pytest.approx(expected, rel=1e-3, abs=1e-6)
+    assert produced[0].tolist() != pytest.approx(other, rel=1e-3, abs=1e-6)  # the two scales are told apart
 
 
 def test_peer_handles_unscored_rewards_as_trl_does_and_population_std_counts_scored_members(tmp_path, tiny_model):
