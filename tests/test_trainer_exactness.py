@@ -347,9 +347,9 @@ def test_every_loss_mode_and_aggregation_is_covered():
 def test_accumulated_gradient_is_the_paper_loss_over_the_step(tmp_path, tiny_model, loss_mode, loss_agg_mode):
     """Unequal micro-batches (token counts and kept rows), an off-policy second step where the clip acts: each
     optimizer step's accumulated gradient equals that of one loss over the step (Eq. 4, 7/3, 11/15, 13, 14)."""
-    # The tiny random model is near-uniform (entropy ~ ln 49152): one step moves H/H_old by ~1e-3, so ERC gets a
+    # The tiny random model is near-uniform (entropy ~ ln 49152): one step moves H/H_old by ~1e-3 to 5e-3, so ERC gets a
     # band of that size to act in.
-    erc = {"erc_low": 1e-3, "erc_high": 1e-3} if loss_mode.endswith("_erc") else {}
+    erc = {"erc_low": 2e-3, "erc_high": 2e-3} if loss_mode.endswith("_erc") else {}
     trainer, rec, rollout, model0 = _train(
         tmp_path, tiny_model, loss_mode=loss_mode, loss_agg_mode=loss_agg_mode, **erc
     )
