@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded model's converted checkpoint (converted once per machine) and tiny models."""
+"""Shared fixtures: the embedded model's converted checkpoint (converted once per machine) and tiny models; helpers
+for data files, a reward that varies within a group, and a probe of resumed training runs."""
 
 from __future__ import annotations
 
@@ -65,3 +66,97 @@ def math_rows(n: int, start: int = 0) -> list[dict]:
         }
         for i in range(start, start + n)
     ]
+
+
+def varied_reward(prompts, completions, **columns) -> list[float]:
+    """A reward in [0, 1] from the characters of each sampled completion (chat messages), so the completions of
+    a group differ: a tiny random model never answers right, klear's math reward is then the same for every
+    completion and no gradient flows. Install with ``monkeypatch.setattr("klear.rl.reward_fn.make_klear_reward",
+    lambda **kwargs: varied_reward)``."""
+    return [(sum(map(ord, c[-1]["content"])) % 11) / 10 for c in completions]
+
+
+class ResumeProbe:
+    """Watch a ``klear rl`` / ``klear sft`` run through transformers' callback hooks (patched with ``monkeypatch``).
+
+    * ``kill_at``: when set, the run dies (``KeyboardInterrupt``) right after its checkpoint of that step is saved
+      and marked complete, as a process killed between two steps would.
+    * ``watch_step``: at the start of optimizer step ``watch_step + 1`` (global step still ``watch_step``),
+      :attr:`at_watch` records what a resume must restore: the global step, the optimizer's ``state_dict()``
+      (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``), the LR scheduler's ``state_dict()`` and the torch / numpy /
+      Python RNG states.
+    * :attr:`begin_steps` / :attr:`logged_steps`: the global step at each step start and at each log of this
+      process (reset by :meth:`reset`).
+    """
+
+    def __init__(self, monkeypatch, *, watch_step: int | None = None):
+        import copy
+        import random
+
+        import numpy as np
+        import torch
+        from transformers.trainer_callback import CallbackHandler
+
+        self.watch_step = watch_step
+        self.kill_at: int | None = None
+        self.reset()
+        probe = self
+        real_begin, real_log, real_save = (
+            CallbackHandler.on_step_begin,
+            CallbackHandler.on_log,
+            CallbackHandler.on_save,
+        )
+
+        def on_step_begin(handler, args, state, control):
+            probe.begin_steps.append(state.global_step)
+            if state.global_step == probe.watch_step:
+                probe.at_watch = {
+                    "global_step": state.global_step,
+                    "optimizer": copy.deepcopy(handler.optimizer.state_dict()),
+                    "scheduler": copy.deepcopy(handler.lr_scheduler.state_dict()),
+                    "torch_rng": torch.get_rng_state().clone(),
+                    "numpy_rng": np.random.get_state(),
+                    "python_rng": random.getstate(),
+                }
+            return real_begin(handler, args, state, control)
+
+        def on_log(handler, args, state, control, logs):
+            if "train_runtime" not in logs:  # the end-of-train summary is not a step
+                probe.logged_steps.append(state.global_step)
+            return real_log(handler, args, state, control, logs)
+
+        def on_save(handler, args, state, control):
+            control = real_save(handler, args, state, control)
+            if state.global_step == probe.kill_at:
+                raise KeyboardInterrupt  # killed after checkpoint-<kill_at> is complete
+            return control
+
+        monkeypatch.setattr(CallbackHandler, "on_step_begin", on_step_begin)
+        monkeypatch.setattr(CallbackHandler, "on_log", on_log)
+        monkeypatch.setattr(CallbackHandler, "on_save", on_save)
+
+    def reset(self) -> None:
+        self.at_watch: dict | None = None
+        self.begin_steps: list[int] = []
+        self.logged_steps: list[int] = []
+
+
+def assert_same_training_state(resumed: dict, uninterrupted: dict) -> None:
+    """The state :class:`ResumeProbe` recorded at the same step of a resumed and an uninterrupted run is equal:
+    global step, every optimizer tensor (bit for bit), the LR scheduler's state and the three RNG states."""
+    import numpy as np
+    import torch
+
+    assert resumed["global_step"] == uninterrupted["global_step"]
+    opt_r, opt_u = resumed["optimizer"], uninterrupted["optimizer"]
+    assert opt_r["state"].keys() == opt_u["state"].keys() and opt_u["state"], "optimizer state missing"
+    for index, slots in opt_u["state"].items():
+        assert slots.keys() == opt_r["state"][index].keys(), index
+        for name, value in slots.items():
+            assert torch.equal(opt_r["state"][index][name], value), f"optimizer state {index}.{name} differs"
+    assert opt_r["param_groups"] == opt_u["param_groups"]
+    assert resumed["scheduler"] == uninterrupted["scheduler"]
+    assert torch.equal(resumed["torch_rng"], uninterrupted["torch_rng"]), "torch RNG state not restored"
+    np_r, np_u = resumed["numpy_rng"], uninterrupted["numpy_rng"]
+    assert np_r[0] == np_u[0] and np.array_equal(np_r[1], np_u[1]) and np_r[2:] == np_u[2:], "numpy RNG state"
+    assert resumed["python_rng"] == uninterrupted["python_rng"], "Python RNG state not restored"

@@ -12,7 +12,7 @@ import torch
 import yaml
 from transformers import TrainerCallback
 
-from conftest import math_rows, write_jsonl
+from conftest import math_rows, varied_reward, write_jsonl
 from klear.experiment import EXPERIMENT_DIR, load_experiment, plan_runs, run_experiment
 from klear.rl.job import run_rl, validate_job_config
 from klear.rl.trl_peer import TRLPeerConfig, TRLPeerTrainer, peer_trainer_section
@@ -77,8 +77,18 @@ def _steps(path, key="step"):
     return [json.loads(x)[key] for x in path.read_text().splitlines()]
 
 
+def _parity_scorer(data_sources, solution_strs, ground_truths, extra_infos):
+    """A held-out judge by the parity of the sampled text (the tiny model never answers right)."""
+    return [float(sum(map(ord, s)) % 2) for s in solution_strs]
+
+
 def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
+    # non-zero, run-dependent numbers: a reward that differs within a group (training moves the weights) and a
+    # held-out judge by the sampled text, so the accuracies change with training and the seed
+    monkeypatch.setattr("klear.rl.reward_fn.make_klear_reward", lambda **kwargs: varied_reward)
+    monkeypatch.setattr("klear.eval.heldout._default_scorer", lambda: _parity_scorer)
     exp = _experiment(tmp_path, tiny_ckpt)
+    exp.base["trainer"]["learning_rate"] = 0.01  # 2 steps at 1e-4 leave the sampled held-out text unchanged
     out = tmp_path / "exp"
     # killed after step 1's checkpoint, during step 2 of clip/seed0
     with pytest.raises(KeyboardInterrupt):
@@ -114,14 +124,22 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
         run: json.loads((out / run / "eval_after.json").read_text())
         for run in ("gppo/seed0", "gppo/seed1", "clip/seed0", "clip/seed1")
     }
+    assert len({a["accuracy"] for a in after.values()}) > 1 and min(a["accuracy"] for a in after.values()) > 0
     accs = [after["clip/seed0"]["accuracy"], after["clip/seed1"]["accuracy"]]
     mean, half = sum(accs) / 2, T_975_DF1 * abs(accs[0] - accs[1]) / math.sqrt(2) / math.sqrt(2)
     final = summary["arms"]["clip"]["final_accuracy"]
     assert final["mean"] == pytest.approx(mean) and final["high"] - final["mean"] == pytest.approx(half)
+    start = [json.loads((out / f"clip/seed{s}/heldout_curve.jsonl").read_text().splitlines()[0]) for s in (0, 1)]
+    assert [r["step"] for r in start] == [0, 0]
+    start_mean = (start[0]["accuracy"] + start[1]["accuracy"]) / 2
+    assert summary["arms"]["clip"]["start_accuracy"]["mean"] == pytest.approx(start_mean)
+    assert start_mean != pytest.approx(mean)  # training changed it
     ref = [(a + b) / 2 for a, b in zip(after["gppo/seed0"]["correct"], after["gppo/seed1"]["correct"])]
     arm = [(a + b) / 2 for a, b in zip(after["clip/seed0"]["correct"], after["clip/seed1"]["correct"])]
     d = [a - r for a, r in zip(arm, ref)]
     paired = summary["arms"]["clip"]["paired_vs_reference"]
+    # the two arms barely differ in 2 tiny steps (d is 0 here); the paired test's sign and values are checked on
+    # hand-written runs in test_experiment_report.py
     assert paired["mean_diff"] == pytest.approx(sum(d) / len(d))
     sd = statistics.stdev(d) if len(set(d)) > 1 else 0.0
     assert paired["ci_high"] - paired["mean_diff"] == pytest.approx(Z_975 * sd / math.sqrt(len(d)))

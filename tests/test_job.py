@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from conftest import math_rows, write_jsonl
+from conftest import ResumeProbe, assert_same_training_state, math_rows, varied_reward, write_jsonl
 from klear.cli import main
 from klear.config import apply_overrides, load_config, parse_override
 from klear.rl.job import run_rl, validate_job_config
@@ -38,7 +38,7 @@ def _job(tmp_path, ckpt, **trainer):
     return cfg
 
 
-def test_job_outputs_and_resume(tmp_path, tiny_ckpt):
+def test_job_outputs_and_resume(tmp_path, tiny_ckpt, monkeypatch):
     cfg = _job(tmp_path, tiny_ckpt)
     report = run_rl(cfg)
     run = tmp_path / "run"
@@ -60,13 +60,77 @@ def test_job_outputs_and_resume(tmp_path, tiny_ckpt):
     saved = json.loads((run / "eval.json").read_text())
     assert saved["mean_diff"] == pytest.approx(saved["after"] - saved["before"])
 
-    # Resume: continue the same run to 3 steps; the metrics file must not hold a step twice.
+    # Resume: continue the same run to 3 steps; the metrics file must not hold a step twice, and steps 1-2 are
+    # not trained again (a restart from step 0 would rewrite them, with step 2's LR decayed over 3 steps)
+    before_resume = (run / "metrics.jsonl").read_text().splitlines()
+    probe = ResumeProbe(monkeypatch)
     cfg["trainer"]["max_steps"] = 3
     report = run_rl(cfg, resume=True)
     assert report["steps"] == 3
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in rows if "klear/policy_loss" in r]
+    assert probe.begin_steps == [2] and probe.logged_steps == [3]
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert lines[:2] == before_resume
+    steps = [r["step"] for r in map(json.loads, lines) if "klear/policy_loss" in r]
     assert steps == [1, 2, 3]
+
+
+def test_resume_continues_the_killed_run_exactly(tmp_path, tiny_ckpt, monkeypatch):
+    """`klear rl --resume` after a kill at step 2 of 4 starts at global step 2 with the optimizer (Adam moments),
+    LR scheduler and RNG states of the uninterrupted run, logs only steps 3-4, and ends with its exact weights.
+
+    The kill is at a rollout boundary (2 steps per rollout batch): TRL keeps the rollouts of a batch in memory
+    only, so a checkpoint inside a batch cannot be continued exactly."""
+    import torch
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr("klear.rl.reward_fn.make_klear_reward", lambda **kwargs: varied_reward)
+    probe = ResumeProbe(monkeypatch, watch_step=2)
+    recipes = {}
+    for name in ("whole", "killed"):
+        cfg = _job(tmp_path, tiny_ckpt, max_steps=4, learning_rate=1e-3, save_steps=1)
+        cfg.update(output_dir=str(tmp_path / name), data={**cfg["data"], "heldout": "none"})
+        recipes[name] = tmp_path / f"{name}.yaml"
+        recipes[name].write_text(yaml.safe_dump(cfg))
+
+    assert main(["rl", "--config", str(recipes["whole"])]) == 0
+    whole = probe.at_watch
+    assert probe.begin_steps == [0, 1, 2, 3] and whole is not None
+
+    probe.reset()
+    probe.kill_at = 2
+    with pytest.raises(KeyboardInterrupt):
+        main(["rl", "--config", str(recipes["killed"])])
+    killed = tmp_path / "killed"
+    before_resume = (killed / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in before_resume] == [1, 2]
+
+    probe.reset()
+    probe.kill_at = None
+    assert main(["rl", "--config", str(recipes["killed"]), "--resume"]) == 0
+    # the resumed process starts at global step 2 and trains and logs steps 3 and 4 only
+    assert probe.begin_steps == [2, 3]
+    assert probe.logged_steps == [3, 4]
+    after = (killed / "metrics.jsonl").read_text().splitlines()
+    assert after[:2] == before_resume and [json.loads(r)["step"] for r in after] == [1, 2, 3, 4]
+    assert json.loads((killed / "eval.json").read_text())["steps"] == 4
+    # at the start of step 3: the same Adam moments, scheduler and RNG states as the run that was never killed
+    assert probe.at_watch is not None
+    assert_same_training_state(probe.at_watch, whole)
+    assert any(bool(s["exp_avg"].abs().sum() > 0) for s in whole["optimizer"]["state"].values())
+    # the same rollouts, rewards and losses at steps 3-4, and the same final weights, bit for bit (float32 on
+    # CPU); training moved them
+    whole_rows = [json.loads(r) for r in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    for mine, ref in zip(map(json.loads, after[2:]), whole_rows[2:], strict=True):
+        for key in ("step", "reward", "klear/policy_loss", "grad_norm", "learning_rate", "klear/ratio_max"):
+            assert mine.get(key) == ref.get(key), (mine["step"], key)
+    assert whole_rows[2]["reward_std"] > 0 and whole_rows[3]["klear/ratio_max"] != 1.0  # learning, off-policy
+    final_whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    final_resumed = load_file(killed / "final" / "model.safetensors")
+    start = load_file(tiny_ckpt / "model.safetensors")
+    assert final_whole.keys() == final_resumed.keys()
+    for key, value in final_whole.items():
+        assert value.dtype == torch.float32 and torch.equal(final_resumed[key], value), key
+    assert any(not torch.equal(start[k], v) for k, v in final_whole.items() if k in start)
 
 
 def test_resume_without_checkpoint_fails(tmp_path, tiny_ckpt):

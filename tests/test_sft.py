@@ -356,7 +356,7 @@ def _tiny_checkpoint(tmp_path, embedded_path):
     return path
 
 
-def test_tiny_sft_job_runs_resumes_and_reports(tmp_path, embedded_path, capsys):
+def test_tiny_sft_job_runs_resumes_and_reports(tmp_path, embedded_path, capsys, monkeypatch):
     from klear.config import load_config
     from klear.sft.job import run_sft
 
@@ -409,15 +409,21 @@ def test_tiny_sft_job_runs_resumes_and_reports(tmp_path, embedded_path, capsys):
     assert yaml.safe_load((out / "config.yaml").read_text())["trainer"]["bf16"] is False
     assert "precision: float32 on cpu" in out_text
 
-    # --resume continues from checkpoint-2 (steps 3, 4), reusing the "before" evaluation
+    # --resume continues from checkpoint-3 (the last step is saved too) with step 4, reusing the "before"
+    # evaluation; steps 1-3 are not trained again (a restart from step 0 would rewrite them, with the LRs of a
+    # 4-step schedule)
+    assert (out / "checkpoints" / "checkpoint-3" / "trainer_state.json").is_file()
+    from conftest import ResumeProbe
+
+    before_resume = (out / "metrics.jsonl").read_text().splitlines()
+    probe = ResumeProbe(monkeypatch)
     config, _ = load_config("sft_demo", overrides + ["trainer.max_steps=4"])
     report = run_sft(config, resume=True)
     assert report["steps"] == 4
-    steps = [
-        json.loads(line)["step"]
-        for line in (out / "metrics.jsonl").read_text().splitlines()
-        if "loss" in json.loads(line)
-    ]
+    assert probe.begin_steps == [3] and probe.logged_steps == [4]
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert lines[:3] == before_resume
+    steps = [json.loads(line)["step"] for line in lines if "loss" in json.loads(line)]
     assert steps == [1, 2, 3, 4]
 
     # the SFT -> RL chain: `klear rl` starts from <output_dir>/final with the SFT prompts and the think requirement
@@ -448,6 +454,74 @@ def test_tiny_sft_job_runs_resumes_and_reports(tmp_path, embedded_path, capsys):
     assert rl_train["prompt"] == sft_prompts  # RL sees exactly the prompt format SFT trained
     assert run_rl(rl_config)["steps"] == 1
     assert (tmp_path / "rl" / "final" / "config.json").is_file()
+
+
+def test_resume_continues_the_killed_run_exactly(tmp_path, embedded_path, monkeypatch):
+    """`klear sft --resume` after a kill at step 2 of 4 starts at global step 2 with the optimizer (Adam moments),
+    cosine-to-floor scheduler and RNG states of the uninterrupted run, logs only steps 3-4, and ends with its
+    exact weights (the data order after the skipped batches included)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from conftest import ResumeProbe, assert_same_training_state
+    from klear.cli import main
+
+    model_dir = _tiny_checkpoint(tmp_path, embedded_path)
+    # attention dropout: every step draws from the torch RNG, so a resume that did not restore it would differ
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.5}))
+    rows = [
+        {"prompt": f"What is {i} + 1?", "response": f"<think>{i} + 1</think> \\boxed{{{i + 1}}}"} for i in range(16)
+    ]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = [
+        f"model={model_dir}",
+        f"data.train={tmp_path / 'sft.jsonl'}",
+        "data.heldout=none",
+        "trainer.max_steps=4",
+        "trainer.save_steps=1",
+        "trainer.per_device_train_batch_size=2",
+        "trainer.max_length=64",
+        "trainer.report_to=[]",
+        "trainer.warmup_steps=1",
+    ]
+    probe = ResumeProbe(monkeypatch, watch_step=2)
+    assert main(["sft", *common, f"output_dir={tmp_path / 'whole'}"]) == 0
+    whole = probe.at_watch
+    assert probe.begin_steps == [0, 1, 2, 3] and whole is not None
+
+    killed = tmp_path / "killed"
+    probe.reset()
+    probe.kill_at = 2
+    with pytest.raises(KeyboardInterrupt):
+        main(["sft", *common, f"output_dir={killed}"])
+    before_resume = (killed / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in before_resume] == [1, 2]
+
+    probe.reset()
+    probe.kill_at = None
+    assert main(["sft", *common, f"output_dir={killed}", "--resume"]) == 0
+    # the resumed process starts at global step 2 and trains and logs steps 3 and 4 only
+    assert probe.begin_steps == [2, 3]
+    assert probe.logged_steps == [3, 4]
+    after = (killed / "metrics.jsonl").read_text().splitlines()
+    assert after[:2] == before_resume and [json.loads(r)["step"] for r in after] == [1, 2, 3, 4]
+    # at the start of step 3: the same Adam moments, scheduler and RNG states as the run that was never killed
+    assert probe.at_watch is not None
+    assert_same_training_state(probe.at_watch, whole)
+    assert any(bool(s["exp_avg"].abs().sum() > 0) for s in whole["optimizer"]["state"].values())
+    # the same losses at steps 3-4 (same batches, same weights) and the same final weights, bit for bit
+    whole_rows = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
+    for mine, ref in zip(after[2:], whole_rows[2:], strict=True):
+        mine, ref = json.loads(mine), json.loads(ref)
+        assert (mine["step"], mine["loss"], mine["learning_rate"]) == (ref["step"], ref["loss"], ref["learning_rate"])
+    final_whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    final_resumed = load_file(killed / "final" / "model.safetensors")
+    start = load_file(model_dir / "model.safetensors")
+    assert final_whole.keys() == final_resumed.keys()
+    for key, value in final_whole.items():
+        assert value.dtype == torch.float32 and torch.equal(final_resumed[key], value), key
+    assert any(not torch.equal(start[k], v) for k, v in final_whole.items() if k in start)
 
 
 def test_cli_errors_name_the_key(tmp_path, capsys):
