@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# ../shared/data beside the checkout (also from mutmut's copy of the tests in mutants/tests)
+SHARED_DATA = next(
+    (p / "shared" / "data" for p in Path(__file__).resolve().parents[2:] if (p / "shared" / "data").is_dir()),
+    Path(__file__).resolve().parents[2] / "shared" / "data",
+)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -80,8 +80,8 @@ def is_complete_checkpoint(path: str | Path, *, legacy: bool = False) -> bool:
 def _checkpoints(ckpt_dir: Path) -> list[Path]:
     if not ckpt_dir.is_dir():
         return []
-    found = [p for p in ckpt_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return sorted(found, key=lambda p: checkpoint_step(p) or 0)
+    found = [(step, p) for p in ckpt_dir.iterdir() if p.is_dir() and (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found)]
 
 
 def complete_checkpoints(ckpt_dir: str | Path) -> tuple[list[Path], list[Path]]:
@@ -197,14 +197,14 @@ class LifecycleMixin:
             return
         params = [p.detach() for p in self.model.parameters()]
         bad_params = not torch.stack([torch.isfinite(p).all() for p in params]).all() if params else False
-        bad = torch.stack([flag.reshape(()).to(torch.bool).cpu(), torch.tensor(bool(bad_params))]).to(torch.int64)
+        bad = torch.stack([flag.reshape(()).cpu(), torch.tensor(bool(bad_params))]).to(torch.int64)
         acc = self.accelerator
         if acc.num_processes > 1:
             bad = acc.reduce(bad.to(acc.device), reduction="sum").cpu()
         if not bad.any():
             return
         step = self.state.global_step
-        what = " and ".join(n for n, b in zip(("the loss", "the parameters"), bad.tolist(), strict=True) if b)
+        what = " and ".join(n for n, b in zip(("the loss", "the parameters"), bad.tolist()) if b)
         last = latest_complete_checkpoint(Path(self.args.output_dir))
         keep = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
         raise ValueError(

@@ -85,6 +85,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
@@ -318,7 +319,7 @@ def truncated_mask(
     """
     lengths = completion_mask.sum(dim=1)
     last = completion_ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    ends_with_stop = torch.isin(last, torch.as_tensor(list(stop_token_ids), device=completion_ids.device))
+    ends_with_stop = torch.isin(last, last.new_tensor(list(stop_token_ids)))
     return (lengths >= max_completion_length) & ~ends_with_stop
 
 
@@ -395,6 +396,84 @@ def drop_filtered_samples(micro_batches: list[dict[str, Any]]) -> list[dict[str,
                 mb[key] = value[:, :length]
         out.append(mb)
     return out
+
+
+def rollout_keep_mask(
+    scored: torch.Tensor,
+    zero_adv: torch.Tensor,
+    is_truncated: torch.Tensor,
+    *,
+    filter_zero_adv_groups: bool,
+    overlong_filter: bool,
+    training: bool,
+) -> torch.Tensor:
+    """Which samples of a rollout batch enter the loss (``klear_keep``), as a new ``(B,)`` bool tensor.
+
+    A sample is kept when it was scored (an unscored sample never enters the loss, :func:`rollout_rewards`)
+    and, with ``filter_zero_adv_groups`` and ``training``, its group is not a zero-advantage group (the paper's
+    zero-advantage group filter, Sec. 5.2.5 and Fig. 5: such a group carries no policy gradient but would
+    dilute the token-mean; ``GPPOConfig.zero_adv_criterion`` decides which groups; evaluation batches keep
+    them) and, with ``overlong_filter``, the response was not truncated (the overlong filter of the authors'
+    scripts, Sec. 4.1: mask out responses cut by the length limit when training shorter than 32K; see
+    :func:`truncated_mask`).
+
+    Args:
+        scored: ``(B,)`` bool, the sample has a reward.
+        zero_adv: ``(B,)`` bool, the sample's group is a zero-advantage group (:class:`RolloutRewards`).
+        is_truncated: ``(B,)`` bool, the response was cut by the length limit.
+        filter_zero_adv_groups: apply the zero-advantage group filter (training only).
+        overlong_filter: apply the overlong filter.
+        training: a training batch (False: evaluation).
+
+    Returns:
+        ``(B,)`` bool on the inputs' device; the inputs are not modified.
+    """
+    keep = scored.clone()
+    if filter_zero_adv_groups and training:
+        keep &= ~zero_adv
+    if overlong_filter:
+        keep &= ~is_truncated
+    return keep
+
+
+def optimizer_window_counts(
+    loss_masks: Sequence[torch.Tensor], is_correct: Sequence[torch.Tensor], gradient_accumulation_steps: int
+) -> torch.Tensor:
+    """This process's exact loss-token, SFT-token and sequence counts of each optimizer step of a rollout batch.
+
+    Micro-batch ``i`` belongs to optimizer step (window) ``i // gradient_accumulation_steps``. Per window:
+    column 0 counts the loss tokens (the divisor of the token-mean, Eq. 7: every token of every response of
+    the optimizer step, not of one micro-batch), column 1 the loss tokens of correct responses (the divisor of
+    the SFT term over the correct set Phi, Eq. 13), column 2 the responses with at least one loss token (the
+    divisor of the seq-mean aggregations, Eq. 3). The caller sums the counts over processes.
+
+    Args:
+        loss_masks: one ``(B_i, T_i)`` float 0/1 mask of the loss tokens per micro-batch
+            (``GPPOTrainer._loss_mask``: completion mask x tool mask x keep flag).
+        is_correct: one ``(B_i,)`` bool per micro-batch, which responses are correct.
+        gradient_accumulation_steps: micro-batches per optimizer step, ``>= 1``.
+
+    Returns:
+        ``(len(loss_masks) // gradient_accumulation_steps, 3)`` float64 on the first mask's device.
+
+    Raises:
+        ValueError: the two lists differ in length, are empty, or their length is not a multiple of
+            ``gradient_accumulation_steps`` (or that is < 1).
+    """
+    n, ga = len(loss_masks), gradient_accumulation_steps
+    if len(is_correct) != n or n == 0 or ga < 1 or n % ga:
+        raise ValueError(
+            f"optimizer_window_counts: {n} loss masks, {len(is_correct)} is_correct flags and "
+            f"gradient_accumulation_steps={ga}: expected one flag tensor per mask and a positive multiple of "
+            "gradient_accumulation_steps >= 1 micro-batches"
+        )
+    counts = torch.zeros(n // ga, 3, dtype=torch.float64, device=loss_masks[0].device)
+    for i, mask in enumerate(loss_masks):
+        correct = is_correct[i].unsqueeze(1)  # bool/0-1 flags: the product has the mask's dtype
+        counts[i // ga, 0] += mask.sum()
+        counts[i // ga, 1] += (mask * correct).sum()
+        counts[i // ga, 2] += (mask.sum(dim=1) > 0).sum()
+    return counts
 
 
 class GPPOTrainer(LifecycleMixin, GRPOTrainer):
@@ -545,11 +624,14 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             output["completion_ids"], output["completion_mask"], self.max_completion_length, self.eos_token_ids
         )
 
-        keep = scored[local].to(device).clone()  # unscored samples never enter the loss
-        if args.filter_zero_adv_groups and mode == "train":
-            keep &= ~zero_adv[local].to(device)
-        if args.overlong_filter:
-            keep &= ~is_truncated
+        keep = rollout_keep_mask(
+            scored[local].to(device),
+            zero_adv[local].to(device),
+            is_truncated,
+            filter_zero_adv_groups=args.filter_zero_adv_groups,
+            overlong_filter=args.overlong_filter,
+            training=mode == "train",
+        )
 
         output["advantages"] = advantages[local].to(device=device, dtype=torch.float32)
         output["klear_keep"] = keep
@@ -614,18 +696,13 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         """Store in each micro-batch the exact token/sequence counts of its optimizer step.
 
         Micro-batch ``i`` of a rollout batch belongs to optimizer step ``i // gradient_accumulation_steps``.
-        Counts are summed over the window's micro-batches and all processes, then divided by the number of
-        processes because DDP/FSDP/DeepSpeed AVERAGE gradients over processes.
+        Counts are summed over the window's micro-batches (:func:`optimizer_window_counts`) and all processes,
+        then divided by the number of processes because DDP/FSDP/DeepSpeed AVERAGE gradients over processes.
         """
         ga = self.args.gradient_accumulation_steps
-        n_windows = len(micro_batches) // ga
-        counts = torch.zeros(n_windows, 3, dtype=torch.float64, device=self.accelerator.device)
-        for i, mb in enumerate(micro_batches):
-            loss_mask = self._loss_mask(mb)
-            correct = mb["klear_is_correct"].to(loss_mask.dtype).unsqueeze(1)
-            counts[i // ga, 0] += loss_mask.sum()
-            counts[i // ga, 1] += (loss_mask * correct).sum()
-            counts[i // ga, 2] += (loss_mask.sum(dim=1) > 0).sum()
+        counts = optimizer_window_counts(
+            [self._loss_mask(mb) for mb in micro_batches], [mb["klear_is_correct"] for mb in micro_batches], ga
+        )
         counts = self.accelerator.reduce(counts, reduction="sum") / self.accelerator.num_processes
         for i, mb in enumerate(micro_batches):
             mb["klear_num_tokens"] = counts[i // ga, 0].float()
