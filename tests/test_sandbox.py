@@ -155,7 +155,9 @@ def test_cannot_read_files_outside(box, tmp_path):
     # the home of root (where pyenv/conda interpreters often live) is hidden too: a child sees in it only the
     # entries that hold the interpreter, and no /root at all when the interpreter lives elsewhere
     visible = _interpreter_entries_under("/root")
-    program = "import os\ntry:\n    print(sorted(os.listdir('/root')))\nexcept FileNotFoundError:\n    print('absent')\n"
+    program = (
+        "import os\ntry:\n    print(sorted(os.listdir('/root')))\nexcept FileNotFoundError:\n    print('absent')\n"
+    )
     prog, tests = stdio(program, outputs=[f"{visible}\n" if visible else "absent\n"])
     assert verdicts(box, prog, tests)[0] == ["pass"]
     hidden = sorted(e for e in os.listdir("/root") if e not in visible and os.path.isfile(f"/root/{e}"))
@@ -173,7 +175,13 @@ def _interpreter_entries_under(home: str) -> list[str]:
 
     import klear.rewards
 
-    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(), os.path.dirname(klear.rewards.__file__)]
+    paths = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        *site.getsitepackages(),
+        os.path.dirname(klear.rewards.__file__),
+    ]
     entries = set()
     for p in paths:
         rel = os.path.relpath(os.path.realpath(p), home)
