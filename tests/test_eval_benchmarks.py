@@ -247,7 +247,7 @@ def test_release_windows(tmp_path):
     assert parse_release_window("v6")[1].isoformat() == "2025-05-01"
     with pytest.raises(ValueError, match="no problems in release window"):
         load_benchmark(str(f), release_window="2020-01-01..2020-02-01")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"release window \'v7\': expected v5, v6 or START\.\.END"):
         parse_release_window("v7")
     m = _write_jsonl(tmp_path / "m.jsonl", [{"problem": "x", "answer": "1"}])
     with pytest.raises(ValueError, match="LiveCodeBench"):

@@ -177,7 +177,7 @@ class FakeBackend:
 
     def generate(self, requests, sampling, progress=None):
         if self.crash_after is not None and self.calls >= self.crash_after:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(f"simulated kill after {self.crash_after} generate calls")
         self.calls += 1
         out = []
         for r in requests:
@@ -201,7 +201,7 @@ def test_resume_after_interruption_gives_the_same_summary(tmp_path, small_bench)
     kw = dict(n=6, sampling=SamplingSettings(0.6, 0.95, 64), seed=3, maj=True, model="fake-model", show_progress=False)
     full = run_eval(small_bench, FakeBackend(answers), tmp_path / "full", **kw)
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="simulated kill after 3 generate calls"):
         run_eval(small_bench, FakeBackend(answers, crash_after=3), tmp_path / "resumed", **kw)
     first = read_samples(tmp_path / "resumed" / "samples.jsonl")
     assert len(first) == 12
@@ -309,7 +309,7 @@ def test_cli_user_errors_exit_2(tmp_path, capsys):
 
 def test_resume_when_the_last_newline_was_never_written(tmp_path, small_bench):
     answers = {p.problem_id: p.ground_truth for p in small_bench.problems}
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="simulated kill after 1 generate calls"):
         run_eval(small_bench, FakeBackend(answers, crash_after=1), tmp_path / "r", n=2, show_progress=False)
     path = tmp_path / "r" / "samples.jsonl"
     path.write_text(path.read_text().rstrip("\n"))  # complete JSON, newline lost

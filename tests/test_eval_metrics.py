@@ -59,15 +59,15 @@ def test_pass_at_k_refuses_k_greater_than_n_even_with_nothing_correct():
     # the classic shortcut "n - c < k -> 1.0" would report 1.0 here
     with pytest.raises(ValueError, match="k=3 > n=2"):
         pass_at_k(2, 0, 3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="pass_at_k: k=3 > n=2"):
         pass_at_k(2, 2, 3)
     with pytest.raises(ValueError, match="outside"):
         pass_at_k(4, 5, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"c=-1 correct samples is outside \[0, n=4\]"):
         pass_at_k(4, -1, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n must be >= 1, got n=0"):
         pass_at_k(0, 0, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="k must be >= 1, got k=0"):
         pass_at_k(4, 1, 0)
 
 
@@ -86,7 +86,7 @@ def test_mean_pass_at_k_is_per_problem_not_pooled():
     assert mean_pass_at_k(counts, 2) != pytest.approx(closed_form(4, 2, 2))
     with pytest.raises(ValueError, match="problem b"):
         mean_pass_at_k([(4, 1), (2, 0)], 3, ids=["a", "b"])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="pass@k over zero problems is undefined"):
         mean_pass_at_k([], 1)
 
 
@@ -100,7 +100,7 @@ def test_mean_with_ci_normal_approximation():
     assert mean_with_ci([0.5, 0.5])["ci_low"] == 0.5
     one = mean_with_ci([0.3])
     assert one["ci_low"] is None and one["ci_high"] is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="mean over zero problems is undefined"):
         mean_with_ci([])
 
 
@@ -115,7 +115,7 @@ def test_majority_vote_groups_normalised_answers():
     # tie -> earliest first vote
     assert majority_vote(["3", "4", "4", "3"], [True, False, False, True]) == ("3", True)
     assert majority_vote([None, None], [False, False]) == (None, False)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="majority_vote: 1 answers but 0 verdicts"):
         majority_vote(["1"], [])
 
 

@@ -70,7 +70,7 @@ class _Kill(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if args.output_dir.endswith(f"{self.run}/checkpoints") and state.global_step == self.step:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(f"simulated kill at step {self.step} of {self.run}")
 
 
 def _steps(path, key="step"):
@@ -91,7 +91,7 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
     exp.base["trainer"]["learning_rate"] = 0.01  # 2 steps at 1e-4 leave the sampled held-out text unchanged
     out = tmp_path / "exp"
     # killed after step 1's checkpoint, during step 2 of clip/seed0
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="simulated kill at step 2 of clip/seed0"):
         run_experiment(exp, callbacks=[_Kill("clip/seed0", 2)])
     assert (out / "gppo/seed1/eval.json").is_file() and not (out / "clip/seed0/eval.json").exists()
     assert (out / "clip/seed0/checkpoints/checkpoint-1").is_dir()
@@ -100,7 +100,7 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
     with pytest.raises(ValueError, match="unfinished run.*--resume"):
         run_experiment(exp)
     # resumed, then killed at step 1 of clip/seed1 before any checkpoint
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="simulated kill at step 1 of clip/seed1"):
         run_experiment(exp, resume=True, callbacks=[_Kill("clip/seed1", 1)])
     assert (out / "clip/seed0/eval.json").is_file() and not list((out / "clip/seed1").glob("checkpoints/checkpoint-*"))
     report = run_experiment(exp, resume=True)  # clip/seed1 restarts from scratch

@@ -140,7 +140,7 @@ def test_generate_real_tiny_model(tiny):
     assert all("<|im_end|>" not in o and "<|im_start|>" not in o for o in out)
     assert tok.padding_side == "right"
     assert generate(model, tok, prompts, max_new_tokens=3, batch_size=2, show_progress=False) == out  # greedy
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
         generate(model, tok, prompts, max_new_tokens=0)
 
 

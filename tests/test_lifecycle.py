@@ -100,11 +100,12 @@ def test_resume_skips_a_checkpoint_killed_mid_save(tmp_path, tiny_ckpt, monkeypa
 
     def killed_at_step_2(self, output_dir):
         if self.state.global_step == 2:
-            raise KeyboardInterrupt  # the process dies after the weights and optimizer, before trainer_state.json
+            # the process dies after the weights and optimizer, before trainer_state.json
+            raise KeyboardInterrupt("simulated kill mid-save")
         return real(self, output_dir)
 
     monkeypatch.setattr(transformers.Trainer, "_save_rng_state", killed_at_step_2)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="simulated kill mid-save"):
         main([stage, "--config", str(recipe)])
     partial = out / "checkpoints" / "checkpoint-2"
     assert partial.is_dir() and not (partial / COMPLETE_MARKER).exists()

@@ -251,9 +251,9 @@ def test_batch_preserves_order_over_mixed_inputs():
 
 
 def test_batch_rejects_length_mismatch():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="got 2 responses but 1 ground truths"):
         math_score_batch(["a", "b"], ["1"])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="timeout_s must be a positive number of seconds, got 0"):
         math_score("x", "1", timeout_s=0)
 
 
@@ -324,7 +324,7 @@ def test_register_scorer_and_mixed_batch():
     register_scorer("proof", code_fn)
     try:
         assert "proof" in registered_prefixes() and "math" in registered_prefixes()
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="a scorer is already registered for prefix 'proof'"):
             register_scorer("proof", code_fn)
         assert compute_score("proof_contests", "x", "y") == 0.25
         scores = compute_scores(
@@ -342,7 +342,7 @@ def test_register_scorer_and_mixed_batch():
 
 
 def test_compute_scores_length_mismatch():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="length mismatch: 1 data_sources, 2 solution_strs, 2 ground_truths"):
         compute_scores(["math"], ["a", "b"], ["1", "2"])
 
 

@@ -54,5 +54,5 @@ def test_plot_errors(tmp_path):
     with pytest.raises(ValueError, match="other.jsonl"):
         plot_training_curves(unknown, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"No such file or directory: .*missing\.jsonl"):
         plot_training_curves(tmp_path / "missing.jsonl", tmp_path / "x.png")

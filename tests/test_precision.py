@@ -158,6 +158,8 @@ def test_rl_job_first_step_of_every_rollout_is_on_policy_in_float32(tmp_path, ti
     and |ppo_kl| <= 1e-6; step 2 (after an update, off-policy) does not, which shows the check can fail. And the
     first rollout's ``old_log_prob`` equals the sampling policy's log-probs computed independently in float64
     (so the ratio is the true pi_theta / pi_old, not a ratio of two equally rounded bf16 passes)."""
+    from transformers import AutoTokenizer
+
     from klear.rl.trainer import GPPOTrainer
 
     recorded = []
@@ -165,18 +167,16 @@ def test_rl_job_first_step_of_every_rollout_is_on_policy_in_float32(tmp_path, ti
 
     def record(self, micro_batches):
         original(self, micro_batches)
-        if not recorded:
-            recorded.append(
-                [
-                    {
-                        k: v.detach().clone()
-                        for k, v in mb.items()
-                        if k
-                        in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_per_token_logps")
-                    }
-                    for mb in micro_batches
-                ]
-            )
+        recorded.append(
+            [
+                {
+                    k: v.detach().clone()
+                    for k, v in mb.items()
+                    if k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_per_token_logps")
+                }
+                for mb in micro_batches
+            ]
+        )
 
     monkeypatch.setattr(GPPOTrainer, "_old_log_probs", record)
     run_rl(_rl_job(tmp_path, tiny_ckpt, parity_reward))
@@ -189,9 +189,21 @@ def test_rl_job_first_step_of_every_rollout_is_on_policy_in_float32(tmp_path, ti
     steps = {r["step"]: r for r in rows if "klear/ratio_max" in r}
     assert sorted(steps) == [1, 2, 3, 4, 5, 6]
     worst = 0.0
+    assert len(recorded) == 3 and all(len(mbs) == 2 for mbs in recorded)  # 3 rollouts x 2 micro-batches of 8
+    tokenizer = AutoTokenizer.from_pretrained(tiny_ckpt)
+    for step, r in steps.items():
+        rollout = recorded[(step - 1) // 2]
+        # every token of the step's micro-batch (nothing is filtered), counted here
+        assert r["klear/num_loss_tokens"] == int(rollout[(step - 1) % 2]["completion_mask"].sum())
+        if step % 2 == 1:  # the rollout's accuracy: the share of even-length completion texts (the parity reward)
+            texts = [
+                tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+                for mb in rollout
+                for ids, mask in zip(mb["completion_ids"], mb["completion_mask"], strict=True)
+            ]
+            assert r["klear/accuracy"] == pytest.approx(sum(len(t) % 2 == 0 for t in texts) / 16)
     for step in (1, 3, 5):  # the first optimizer step on each fresh rollout batch
         r = steps[step]
-        assert r["klear/num_loss_tokens"] > 0
         dev = max(r["klear/ratio_max"] - 1.0, 1.0 - r["klear/ratio_min"])
         worst = max(worst, dev)
         assert dev <= 1e-5, (step, r["klear/ratio_max"], r["klear/ratio_min"])

@@ -132,10 +132,16 @@ def test_tiny_problem_space_raises():
 
 
 @pytest.mark.parametrize(
-    "tasks", [[], [{"config": {}}], [{"name": "basic_arithmetic", "weight": 0}], [{"name": "no_such_task_xyz"}]]
+    "tasks, match",
+    [
+        ([], "tasks must be a non-empty list"),
+        ([{"config": {}}], r"tasks\[0\]: 'name' must be a reasoning_gym dataset name, got None"),
+        ([{"name": "basic_arithmetic", "weight": 0}], r"tasks\[0\] \(basic_arithmetic\): 'weight' must be a positive"),
+        ([{"name": "no_such_task_xyz"}], "reasoning_gym task 'no_such_task_xyz' with config {} could not be created"),
+    ],
 )
-def test_bad_tasks_raise(tasks):
-    with pytest.raises(ValueError):
+def test_bad_tasks_raise(tasks, match):
+    with pytest.raises(ValueError, match=match):
         make_reasoning_gym_dataset(tasks, size=3, seed=0)
 
 
@@ -336,7 +342,7 @@ def test_duplicate_prompt_ids_name_both_rows(tmp_path):
 
 
 def test_file_level_errors(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"missing\.jsonl: no such file"):
         load_rl_file(tmp_path / "missing.jsonl")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")

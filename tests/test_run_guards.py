@@ -183,7 +183,7 @@ def test_failure_before_training_removes_only_a_new_run_directory(tmp_path, tiny
 
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="model failed to load"):
         run(config)
     assert (out / "keep.txt").is_file() and (out / "config.yaml").is_file()  # existed before: kept
 
@@ -192,7 +192,7 @@ def test_failure_before_training_removes_only_a_new_run_directory(tmp_path, tiny
     ckpt.mkdir(parents=True)
     shutil.copy(tiny_ckpt / "config.json", ckpt / "config.json")
     mark_complete(ckpt, 1)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="model failed to load"):
         run(config, resume=True)
     assert (out / "config.yaml").is_file() and ckpt.is_dir()
 

@@ -53,7 +53,7 @@ def test_writes_config_and_run_json(tmp_path):
 # ------------------------------------------------ run directories of failed runs; multi-process guard (issue 14)
 def test_a_failed_run_removes_only_the_directories_it_created(tmp_path):
     run = start_run(tmp_path / "new" / "run", CONFIG, {"learning_rate": 1e-6}, Precision("cpu", "float32"), stage="rl")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="boom before training"):
         with run.removed_on_failure():
             raise RuntimeError("boom before training")
     assert not (tmp_path / "new").exists() and tmp_path.is_dir()  # the run dir and the parent made for it
@@ -63,9 +63,9 @@ def test_a_failed_run_removes_only_the_directories_it_created(tmp_path):
     (existing / "notes.txt").write_text("mine")
     for out, resumed in ((existing, False), (tmp_path / "resumed", True)):
         run = start_run(out, CONFIG, {"learning_rate": 1e-6}, Precision("cpu", "float32"), stage="rl", resumed=resumed)
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt, match="Ctrl-C during the run"):
             with run.removed_on_failure():
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt("Ctrl-C during the run")
         assert (out / "config.yaml").is_file(), out  # never removed: it existed before / a resumed run
     assert (existing / "notes.txt").read_text() == "mine"
 

@@ -152,12 +152,42 @@ def test_cannot_read_files_outside(box, tmp_path):
     os.chmod(secret, 0o600)
     prog, tests = stdio(f"print(open({str(secret)!r}).read().strip())\n", outputs=["42\n"])
     assert verdicts(box, prog, tests)[0] == ["runtime_error"]
-    # the home of root (where pyenv/conda interpreters often live) is hidden too
-    prog, tests = stdio("import os\nprint(sorted(os.listdir('/root')))\n", outputs=["[]\n"])
-    statuses, _ = verdicts(box, prog, tests)
-    assert statuses in (["runtime_error"], ["pass"], ["wrong_answer"])
-    prog, tests = stdio("print(open('/root/.bash_history').read())\n", outputs=["x\n"])
-    assert verdicts(box, prog, tests)[0] != ["pass"]
+    # the home of root (where pyenv/conda interpreters often live) is hidden too: a child sees in it only the
+    # entries that hold the interpreter, and no /root at all when the interpreter lives elsewhere
+    visible = _interpreter_entries_under("/root")
+    program = (
+        "import os\ntry:\n    print(sorted(os.listdir('/root')))\nexcept FileNotFoundError:\n    print('absent')\n"
+    )
+    prog, tests = stdio(program, outputs=[f"{visible}\n" if visible else "absent\n"])
+    assert verdicts(box, prog, tests)[0] == ["pass"]
+    hidden = sorted(e for e in os.listdir("/root") if e not in visible and os.path.isfile(f"/root/{e}"))
+    if hidden:  # a file of root's home that the host has: not there for the child
+        prog, tests = stdio(f"print(len(open('/root/{hidden[0]}').read()))\n", outputs=["x\n"])
+        statuses, detail = run_tests(prog, tests, sandbox=box)
+        assert statuses == ["runtime_error"] and "FileNotFoundError" in detail, (statuses, detail)
+
+
+def _interpreter_entries_under(home: str) -> list[str]:
+    """Top-level entries of *home* holding the interpreter (prefixes, site-packages) or klear's sandbox zygote:
+    the only host paths outside the system directories that the sandbox's minimal root binds."""
+    import site
+    import sys
+
+    import klear.rewards
+
+    paths = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        *site.getsitepackages(),
+        os.path.dirname(klear.rewards.__file__),
+    ]
+    entries = set()
+    for p in paths:
+        rel = os.path.relpath(os.path.realpath(p), home)
+        if rel != "." and not rel.startswith(".."):
+            entries.add(rel.split(os.sep)[0])
+    return sorted(entries)
 
 
 @needs_root

@@ -50,7 +50,7 @@ def test_frame_layout_and_limits():
     assert protocol.frame_length((16 << 20).to_bytes(4, "big"), 16 << 20, "reply") == 16 << 20
     with pytest.raises(ValueError, match=r"reply of 16777217 bytes exceeds 16777216"):
         protocol.frame_length(((16 << 20) + 1).to_bytes(4, "big"), protocol.MAX_REPLY_BYTES, "reply")
-    with pytest.raises(ValueError):  # a program reply never carries a bare NaN
+    with pytest.raises(ValueError, match="not JSON compliant"):  # a program reply never carries a bare NaN
         protocol.frame({"v": float("nan")}, allow_nan=False)
     assert json.loads(protocol.frame({"v": float("inf")})[4:])["v"] == math.inf
 

@@ -160,8 +160,12 @@ def test_cosine_to_floor_function():
     assert cosine_to_floor_lr(1, max_lr=1.0, min_lr=0.0, warmup_steps=0, total_steps=4) == pytest.approx(
         0.5 * (1 + math.cos(math.pi / 4))
     )
-    for bad in (dict(min_lr=9e-5), dict(warmup_steps=111), dict(total_steps=0, warmup_steps=0)):
-        with pytest.raises(ValueError):
+    for bad, message in (
+        (dict(min_lr=9e-5), r"min_lr must be in \[0, max_lr=8e-05\], got 9e-05"),
+        (dict(warmup_steps=111), r"warmup_steps must be in \[0, total_steps=110\], got 111"),
+        (dict(total_steps=0, warmup_steps=0), "total_steps must be >= 1, got 0"),
+    ):
+        with pytest.raises(ValueError, match=message):
             cosine_to_floor_lr(1, **{**kw, **bad})
 
 
@@ -245,7 +249,7 @@ def test_load_sft_file_layouts_and_errors(tmp_path):
         path.write_text(json.dumps(rows[1]) + "\n" + json.dumps(rec) + "\n")
         with pytest.raises(ValueError, match=str(path).replace(".", r"\.") + ": " + _re(message)):
             load_sft_file(path)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"missing\.jsonl: no such file"):
         load_sft_file(tmp_path / "missing.jsonl")
 
 
@@ -342,7 +346,7 @@ def test_greedy_generate_drops_finished_rows_and_matches_model_generate(tiny_mod
     assert min(lengths) < 6 < max(lengths)  # rows did stop at different steps
     assert greedy_generate(model, tok, prompts[:3], max_new_tokens=12, batch_size=2, show_progress=False) == ref[:3]
     assert generate(model, tok, prompts, max_new_tokens=12, batch_size=4, show_progress=False) == ref  # greedy path
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
         greedy_generate(model, tok, prompts, max_new_tokens=0)
 
 

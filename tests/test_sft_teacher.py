@@ -111,13 +111,20 @@ def test_teacher_matches_reasoning_gym_on_demo_tasks(task):
 def test_tokenize_and_unsupported_expressions():
     assert tokenize_expression("98 + 93 - 77") == [98, "+", 93, "-", 77]
     assert tokenize_expression("3 * -4") == [3, "*", -4]
-    for bad in ["6 / 3", "(1 + 2) * 3", "2 ^ 3", "1 +", "", "1 2"]:
-        with pytest.raises(TeacherError):
+    for bad, message in [
+        ("6 / 3", "expression '6 / 3': '/' is not supported"),
+        ("(1 + 2) * 3", r"expression '\(1 \+ 2\) \* 3': '\(' is not supported"),
+        ("2 ^ 3", r"unsupported character '\^' in expression '2 \^ 3'"),
+        ("1 +", r"expression '1 \+' ends with an operator"),
+        ("", "expected a non-empty expression string, got ''"),
+        ("1 2", "expression '1 2': two numbers in a row"),
+    ]:
+        with pytest.raises(TeacherError, match=message):
             solve_expression(bad)
 
 
 def test_teacher_refuses_a_wrong_gold_and_entries_without_expression():
-    with pytest.raises(TeacherMismatch):
+    with pytest.raises(TeacherMismatch, match=r"teacher answer 4 != reasoning-gym answer \'5\' for \'2 \+ 2\'"):
         teacher_response({"question": "Calculate 2 + 2.", "answer": "5", "metadata": {"expression": "2 + 2"}})
     with pytest.raises(TeacherError, match="expression"):
         teacher_response({"question": "What is the capital of France?", "answer": "Paris", "metadata": {}})

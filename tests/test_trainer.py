@@ -277,9 +277,10 @@ _BAD_LOSS_SETTINGS = [
 @pytest.mark.parametrize("settings", _BAD_LOSS_SETTINGS, ids=[str(s) for s in _BAD_LOSS_SETTINGS])
 def test_config_rejects_every_setting_policy_loss_rejects(tmp_path, settings):
     lp = torch.zeros(2, 3)
-    with pytest.raises(ValueError) as from_loss:
+    bad = list(settings)[-1]  # the offending setting, named by both errors
+    with pytest.raises(ValueError, match=bad) as from_loss:
         policy_loss(lp, lp, torch.ones(2), torch.ones(2, 3), **settings)
-    with pytest.raises(ValueError) as from_config:
+    with pytest.raises(ValueError, match=bad) as from_config:
         _config(tmp_path, **settings)
     assert str(from_config.value) == str(from_loss.value)
 

@@ -174,7 +174,7 @@ def test_seq_mean_uses_verl_global_batch_size():
     config.global_batch_info.update(dp_size=2, batch_num_tokens=99, global_batch_size=6)
     old = torch.zeros(2, 3, dtype=torch.float64)
     lp = torch.full((2, 3), 0.05, dtype=torch.float64, requires_grad=True)
-    adv = torch.tensor([[1.0] * 3, [-1.0] * 3], dtype=torch.float64)
+    adv = torch.tensor([[2.0] * 3, [-0.5] * 3], dtype=torch.float64)  # rows that do not cancel
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     loss, _ = get_policy_loss_fn("gppo")(
         old_log_prob=old,
@@ -185,7 +185,9 @@ def test_seq_mean_uses_verl_global_batch_size():
         config=config,
     )
     r = math.exp(0.05)
-    assert loss.item() == pytest.approx((-r + r) / (6 / 2), abs=1e-15)
+    # per-row token-means -2r and 0.5r, summed, over verl's per-rank share of the global batch: 6 / dp_size = 3
+    # (this rank's 2 rows would give -0.75r, the global 6 without dp_size -0.25r)
+    assert loss.item() == pytest.approx((-2 * r + 0.5 * r) / (6 / 2), rel=1e-12)
     loss2, _ = get_policy_loss_fn("gppo")(
         old_log_prob=old,
         log_prob=lp,
@@ -194,7 +196,7 @@ def test_seq_mean_uses_verl_global_batch_size():
         loss_agg_mode="seq-mean-token-sum",
         config=config,
     )
-    assert loss2.item() == pytest.approx((-2 * r + 3 * r) / 3, rel=1e-12)
+    assert loss2.item() == pytest.approx((-2 * 2 * r + 3 * 0.5 * r) / 3, rel=1e-12)  # token-sums -4r and 1.5r
 
 
 def test_bad_settings_fail_with_the_field_named():

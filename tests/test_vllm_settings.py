@@ -306,7 +306,7 @@ def test_klear_eval_passes_the_engine_settings_of_the_user(tmp_path, embedded_pa
 
     def engine(model_path, plan, **kwargs):
         seen.append((plan, kwargs))
-        raise Built
+        raise Built("engine built")
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -323,7 +323,7 @@ def test_klear_eval_passes_the_engine_settings_of_the_user(tmp_path, embedded_pa
         ([], None, None),
         (["--max-model-len", "4096", "--gpu-memory-utilization", "0.2"], 4096, 0.2),
     ):
-        with pytest.raises(Built):
+        with pytest.raises(Built, match="engine built"):
             main([*base, *extra])
         plan, kwargs = seen.pop()
         assert (kwargs["max_model_len"], kwargs["gpu_memory_utilization"]) == (want_len, want_memory)

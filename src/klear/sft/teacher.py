@@ -100,7 +100,8 @@ def tokenize_expression(expression: str) -> list[int | str]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m:
-            raise TeacherError(f"unsupported character {text[pos]!r} in expression {expression!r}")
+            bad = text[pos:].lstrip()[0]  # the character itself, not the blank before it
+            raise TeacherError(f"unsupported character {bad!r} in expression {expression!r}")
         raw.append(m.group(1))
         pos = m.end()
     out: list[int | str] = []
