@@ -59,8 +59,11 @@ def _as_1d(name: str, values: object) -> torch.Tensor:
     return t
 
 
-def _group_index(group_ids: GroupIds, n: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """Map group ids to dense indices 0..G-1. Returns ``(inverse (N,) long, G)``."""
+def _group_index(group_ids: GroupIds, values: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Map the group ids of ``values`` ``(N,)`` to dense indices 0..G-1.
+
+    Returns ``(inverse (N,) long on values' device, G)``."""
+    n, device = values.shape[0], values.device
     if isinstance(group_ids, torch.Tensor):
         if group_ids.dim() != 1:
             raise ValueError(f"group_ids must be 1-D (N,), got shape {tuple(group_ids.shape)}")
@@ -68,10 +71,8 @@ def _group_index(group_ids: GroupIds, n: int, device: torch.device) -> tuple[tor
             raise TypeError(f"a group_ids tensor must have an integer dtype, got {group_ids.dtype}")
         if group_ids.shape[0] != n:
             raise ValueError(f"group_ids has length {group_ids.shape[0]} but there are {n} values")
-        if n == 0:
-            return torch.zeros(0, dtype=torch.long, device=device), 0
-        uniq, inverse = torch.unique(group_ids, return_inverse=True)
-        return inverse.to(device=device, dtype=torch.long), int(uniq.numel())
+        uniq, inverse = torch.unique(group_ids, return_inverse=True)  # inverse: long (empty for N = 0)
+        return inverse.to(device), int(uniq.numel())
     is_sized_iterable = hasattr(group_ids, "__len__") and hasattr(group_ids, "__iter__")
     if isinstance(group_ids, (str, bytes)) or not is_sized_iterable:
         raise TypeError(
@@ -104,16 +105,14 @@ def _all_equal_by_index(
     positions = torch.arange(n, device=values.device)
     if valid is not None:
         positions = torch.where(valid, positions, n)  # invalid members are never a group's first
-    first = torch.full((num_groups,), n, dtype=torch.long, device=values.device)
-    first = first.scatter_reduce(0, inverse, positions, reduce="amin", include_self=True)
-    has_first = first < n
-    first = first.clamp(max=n - 1)
-    equal = values == values[first][inverse]
+    # Every group has a member, so the initial n only stays where a group has no valid member (then
+    # every member is invalid, hence equal below, and the clamped index is never decisive).
+    first = positions.new_full((num_groups,), n).scatter_reduce(0, inverse, positions, reduce="amin")
+    equal = values == values[first.clamp(max=n - 1)][inverse]
     if valid is not None:
-        equal = equal | ~valid | ~has_first[inverse]
+        equal = equal | ~valid
     equal = equal.to(torch.int32)
-    group_ok = torch.ones(num_groups, dtype=torch.int32, device=values.device)
-    group_ok = group_ok.scatter_reduce(0, inverse, equal, reduce="amin", include_self=True)
+    group_ok = equal.new_ones(num_groups).scatter_reduce(0, inverse, equal, reduce="amin")
     return group_ok.bool()[inverse]
 
 
@@ -131,7 +130,7 @@ def all_equal_groups(
             group containing a compared NaN is never all-equal.
         group_ids: ``(N,)`` integer tensor or a sequence of N hashable prompt ids.
             Members of a group need not be contiguous.
-        scored: optional ``(N,)`` bool; only these members are compared (the others, e.g.
+        scored: optional ``(N,)`` bool (or 0/1); only these members are compared (the others, e.g.
             unscored samples, are ignored), so a group with at most one of them is all-equal.
 
     Returns:
@@ -144,7 +143,7 @@ def all_equal_groups(
         TypeError: unhashable ids, float id tensor, non-numeric values.
     """
     v = _as_1d("values", values)
-    inverse, g = _group_index(group_ids, v.shape[0], v.device)
+    inverse, g = _group_index(group_ids, v)
     valid = None
     if scored is not None:
         valid = _as_1d("scored", scored).to(device=v.device, dtype=torch.bool)
@@ -182,10 +181,9 @@ def filter_mask_exact_correct(is_correct: torch.Tensor | Sequence, group_ids: Gr
         ValueError: length mismatch; values other than 0/1 / True/False.
     """
     c = _as_1d("is_correct", is_correct)
-    if c.dtype != torch.bool:
-        if c.numel() > 0 and bool(((c != 0) & (c != 1)).any()):
-            raise ValueError("is_correct must contain only booleans (or 0/1)")
-        c = c != 0
+    # 0/1 values need no conversion: equality of the flags is all that is compared.
+    if c.dtype != torch.bool and bool(((c != 0) & (c != 1)).any()):
+        raise ValueError("is_correct must contain only booleans (or 0/1)")
     return all_equal_groups(c, group_ids)
 
 
@@ -202,7 +200,7 @@ def _check_rewards(r: torch.Tensor) -> None:
 
 def _scored(r: torch.Tensor) -> torch.Tensor:
     """``(N,)`` bool: which rewards are scores (not NaN, i.e. not unscored)."""
-    return ~torch.isnan(r) if r.is_floating_point() else torch.ones_like(r, dtype=torch.bool)
+    return ~torch.isnan(r)  # integer and bool rewards: never NaN
 
 
 def compute_group_advantages(
@@ -249,16 +247,16 @@ def compute_group_advantages(
     r = _as_1d("rewards", rewards)
     _check_rewards(r)
     out_dtype = r.dtype if r.is_floating_point() else torch.float32
-    inverse, g = _group_index(group_ids, r.shape[0], r.device)
+    inverse, g = _group_index(group_ids, r)
 
     scored = _scored(r)
     w = scored.to(torch.float64)
     r64 = torch.where(scored, r.to(torch.float64), 0.0)  # unscored: out of every sum and count
-    counts = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, w).clamp(min=1.0)
-    mean = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, r64) / counts
+    counts = r64.new_zeros(g).index_add_(0, inverse, w).clamp(min=1.0)
+    mean = r64.new_zeros(g).index_add_(0, inverse, r64) / counts
     centred = (r64 - mean[inverse]) * w
     if std_normalize:
-        var = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inverse, centred * centred) / counts
+        var = r64.new_zeros(g).index_add_(0, inverse, centred * centred) / counts
         adv = centred / (var.sqrt()[inverse] + epsilon)
     else:
         adv = centred

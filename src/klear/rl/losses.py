@@ -119,7 +119,8 @@ Implementation notes
   ``old_log_prob``; float32, bfloat16, float16 and float64 all work).  Reductions
   (sums over tokens, divisions by counts) and metrics accumulate in
   ``promote(dtype, float32)``, so the returned loss is float32 for bf16/fp16 inputs
-  and float64 for float64 inputs.
+  and float64 for float64 inputs.  Counts stay integer tensors: a float divided by
+  one keeps the float's dtype.
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def _as_bool_mask(name: str, mask: object, shape: tuple[int, ...], shape_desc: s
         return mask
     if mask.is_complex():
         raise TypeError(f"{name} must be bool, integer or float, got dtype {mask.dtype}")
-    if mask.numel() > 0 and bool(((mask != 0) & (mask != 1)).any()):
+    if bool(((mask != 0) & (mask != 1)).any()):  # an empty mask has no bad value
         raise ValueError(f"{name} must contain only 0 and 1 (it is a mask, not weights)")
     return mask != 0
 
@@ -494,7 +495,7 @@ def _mean_max_min(
     fill = torch.full((), empty, dtype=acc, device=x.device)
     if x.numel() == 0:
         return fill, fill, fill
-    mean = torch.where(mask, x, 0.0).sum() / count.clamp(min=1).to(acc)
+    mean = torch.where(mask, x, 0.0).sum() / count.clamp(min=1)
     x_max = torch.where(mask, x, -math.inf).amax()
     x_min = torch.where(mask, x, math.inf).amin()
     has_any = count > 0
@@ -515,36 +516,38 @@ def entropy_ratio(entropies: torch.Tensor, old_entropies: torch.Tensor) -> torch
     return (entropies.detach().to(acc) + ERC_ENTROPY_EPS) / (old_entropies.detach().to(acc) + ERC_ENTROPY_EPS)
 
 
-def _with_entropy_ratio_clip(
-    base: Callable[[TokenTerms, LossSettings], TokenLoss],
-) -> Callable[[TokenTerms, LossSettings], TokenLoss]:
-    """``base`` + Entropy Ratio Clipping (arXiv 2512.05591): per-token loss ``l`` -> ``sg(l)`` where
-    ``rho`` is outside ``(1 - erc_low, 1 + erc_high)``; the value and every divisor are unchanged."""
+def _entropy_ratio_clip(out: TokenLoss, t: TokenTerms, s: LossSettings) -> TokenLoss:
+    """A base mode's ``out`` plus Entropy Ratio Clipping (arXiv 2512.05591): per-token loss ``l`` -> ``sg(l)``
+    where ``rho`` is outside ``(1 - erc_low, 1 + erc_high)``; the value and every divisor are unchanged."""
+    assert t.entropies is not None and t.old_entropies is not None  # needs_(old_)entropies: checked on input
+    rho = entropy_ratio(t.entropies, t.old_entropies)
+    kept = t.mask & (rho > 1.0 - s.erc_low) & (rho < 1.0 + s.erc_high)  # NaN rho: not kept
+    per_tok = torch.where(kept, out.per_token, out.per_token.detach())
+    with torch.no_grad():
+        acc = rho.dtype
+        denom = t.mask.sum().clamp(min=1)
+        high = (t.mask & (rho >= 1.0 + s.erc_high)).sum().to(acc) / denom
+        low = (t.mask & (rho <= 1.0 - s.erc_low)).sum().to(acc) / denom
+        r_mean, r_max, r_min = _mean_max_min(rho, t.mask, acc, empty=1.0)
+        metrics = {
+            "erc_frac_high": high,
+            "erc_frac_low": low,
+            "erc_frac": (t.mask & ~kept).sum().to(acc) / denom,
+            "entropy_ratio_mean": r_mean,
+            "entropy_ratio_max": r_max,
+            "entropy_ratio_min": r_min,
+        }
+    return out._replace(per_token=per_tok, metrics=metrics)
 
-    def token_loss(t: TokenTerms, s: LossSettings) -> TokenLoss:
-        out = base(t, s)
-        assert t.entropies is not None and t.old_entropies is not None  # needs_(old_)entropies: checked on input
-        rho = entropy_ratio(t.entropies, t.old_entropies)
-        kept = t.mask & (rho > 1.0 - s.erc_low) & (rho < 1.0 + s.erc_high)  # NaN rho: not kept
-        per_tok = torch.where(kept, out.per_token, out.per_token.detach())
-        with torch.no_grad():
-            acc = rho.dtype
-            denom = t.mask.sum().clamp(min=1).to(acc)
-            high = (t.mask & (rho >= 1.0 + s.erc_high)).sum().to(acc) / denom
-            low = (t.mask & (rho <= 1.0 - s.erc_low)).sum().to(acc) / denom
-            r_mean, r_max, r_min = _mean_max_min(rho, t.mask, acc, empty=1.0)
-            metrics = {
-                "erc_frac_high": high,
-                "erc_frac_low": low,
-                "erc_frac": (t.mask & ~kept).sum().to(acc) / denom,
-                "entropy_ratio_mean": r_mean,
-                "entropy_ratio_max": r_max,
-                "entropy_ratio_min": r_min,
-            }
-        return out._replace(per_token=per_tok, metrics=metrics)
 
-    token_loss.__doc__ = f"``{base.__name__}`` plus Entropy Ratio Clipping (arXiv 2512.05591)."
-    return token_loss
+def _ppo_erc(t: TokenTerms, s: LossSettings) -> TokenLoss:
+    """``ppo_clip`` plus Entropy Ratio Clipping (the authors' DAPO + ERC)."""
+    return _entropy_ratio_clip(_ppo_clip(t, s), t, s)
+
+
+def _gppo_erc(t: TokenTerms, s: LossSettings) -> TokenLoss:
+    """``gppo`` (with ``beta1`` / ``beta2``) plus Entropy Ratio Clipping."""
+    return _entropy_ratio_clip(_gppo(t, s), t, s)
 
 
 _ERC = ("erc_low", "erc_high")
@@ -553,12 +556,10 @@ _BUILTIN_MODES: tuple[LossMode, ...] = (
     LossMode("gppo", _gppo, settings=("beta1", "beta2")),
     LossMode("gppo_only_high", _gppo_only_high, settings=("beta2",)),
     LossMode("cispo", _cispo),
-    LossMode(
-        "ppo_erc", _with_entropy_ratio_clip(_ppo_clip), settings=_ERC, needs_entropies=True, needs_old_entropies=True
-    ),
+    LossMode("ppo_erc", _ppo_erc, settings=_ERC, needs_entropies=True, needs_old_entropies=True),
     LossMode(
         "gppo_erc",
-        _with_entropy_ratio_clip(_gppo),
+        _gppo_erc,
         settings=("beta1", "beta2") + _ERC,
         needs_entropies=True,
         needs_old_entropies=True,
@@ -612,7 +613,7 @@ def _token_terms(inputs: LossInputs, settings: LossSettings) -> TokenTerms:
         adv = adv.unsqueeze(-1).expand(shape)
     adv = torch.where(mask, adv, 0.0)
     # Zero the log-ratio at masked positions BEFORE exp (NaN safety), clamp for exp.
-    log_ratio = torch.where(mask, lp - old_log_prob.to(dtype), 0.0)
+    log_ratio = torch.where(mask, lp - old_log_prob, 0.0)  # computed in dtype (promotion)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     return TokenTerms(
         mask=mask,
@@ -656,18 +657,18 @@ def aggregate(
         tok_count = mask.sum()
         divisor = _resolve_count("num_tokens", num_tokens, tok_count, what)
         if divisor is None:
-            return per_token.sum() / tok_count.clamp(min=1).to(per_token.dtype)
+            return per_token.sum() / tok_count.clamp(min=1)
         return per_token.sum() / divisor
     seq_tok = mask.sum(dim=-1)
     seq_loss = per_token.sum(dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
-        seq_loss = seq_loss / seq_tok.clamp(min=1).to(per_token.dtype)
+        seq_loss = seq_loss / seq_tok.clamp(min=1)
     has_tok = seq_tok > 0
     total = torch.where(has_tok, seq_loss, 0.0).sum()
     n_seqs = has_tok.sum()
     divisor = _resolve_count("num_seqs", num_seqs, n_seqs, "responses with unmasked tokens")
     if divisor is None:
-        return total / n_seqs.clamp(min=1).to(per_token.dtype)
+        return total / n_seqs.clamp(min=1)
     return total / divisor
 
 
@@ -678,7 +679,7 @@ def _policy_metrics(
     with torch.no_grad():
         mask = t.mask
         tok_count = mask.sum()
-        denom = tok_count.clamp(min=1).to(acc)
+        denom = tok_count.clamp(min=1)
 
         def frac(m: torch.Tensor) -> torch.Tensor:
             return m.sum().to(acc) / denom
