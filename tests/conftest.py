@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def require_or_skip(module: str, reason: str) -> ModuleType:
+    """Import ``module`` for a test file that needs it: skip the file when it is missing, FAIL when it is required.
+
+    ``KLEAR_REQUIRE`` (comma-separated, set by ``make test-verl`` / ``make test-vllm``) names the libraries
+    the run exists to test; there a failed import is an error of the run (pytest exits non-zero), not a skip
+    that reports success.  Elsewhere (the main suite, a venv without the library) the file is skipped.
+
+    Raises:
+        ImportError: ``module`` is named in ``KLEAR_REQUIRE`` and cannot be imported (the message names both).
+    """
+    required = {m.strip() for m in os.environ.get("KLEAR_REQUIRE", "").split(",") if m.strip()}
+    if module not in required:
+        return pytest.importorskip(module, reason=reason)
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"KLEAR_REQUIRE={os.environ['KLEAR_REQUIRE']} but `import {module}` failed: {e}") from e
 
 
 @pytest.fixture(scope="session")
