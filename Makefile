@@ -29,8 +29,14 @@ demo-sft: install
 demo-code: install
 	$(VENV)/bin/klear rl --config rl_code_demo
 
+# Prints line and branch coverage of src/klear ([tool.coverage] in pyproject.toml; per file: .venv/bin/coverage report).
+COV_TOTALS = import json; t = json.load(open(".coverage.json"))["totals"]; \
+	c, n, cb, nb = (t[k] for k in ("covered_lines", "num_statements", "covered_branches", "num_branches")); \
+	print(f"coverage of src/klear: lines {100 * c / n:.1f}% ({c}/{n}), branches {100 * cb / nb:.1f}% ({cb}/{nb})")
+
 test: install
-	$(PY) -m pytest -q
+	rm -f .coverage.json; $(PY) -m pytest -q --cov --cov-report=json; status=$$?; \
+	test ! -f .coverage.json || $(PY) -c '$(COV_TOTALS)'; exit $$status
 
 test-slow: install
 	$(PY) -m pytest -q -m slow || test $$? -eq 5  # exit 5: no slow test collected
@@ -49,7 +55,7 @@ format: install
 	$(VENV)/bin/ruff format src tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .coverage .coverage.json
 
 # verl plugin tests (issue 15) in their own venv: verl 0.9 pins transformers<5.11, the main venv has a newer one.
 VERL_VENV := .venv-verl
