@@ -39,7 +39,7 @@ test: install
 	test ! -f .coverage.json || $(PY) -c '$(COV_TOTALS)'; exit $$status
 
 test-slow: install
-	$(PY) -m pytest -q -m slow || test $$? -eq 5  # exit 5: no slow test collected
+	$(PY) -m pytest -q -rs -m slow || test $$? -eq 5  # exit 5: no slow test collected; -rs: say why one skipped
 
 test-all: install
 	$(PY) -m pytest -q -m "slow or not slow"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -12,6 +14,17 @@ import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _stop_tracing_in_forked_child() -> None:
+    """Untrace a forked child (the reward pools' workers): `make test` measures coverage in the pytest process
+    only, and a forked worker inherits the tracer without saving its data (it ends with ``os._exit``); traced,
+    it only runs slower and misses its time limits (1 s per math answer)."""
+    sys.settrace(None)
+    threading.settrace(None)
+
+
+os.register_at_fork(after_in_child=_stop_tracing_in_forked_child)
 
 
 def require_or_skip(module: str, reason: str) -> ModuleType:
