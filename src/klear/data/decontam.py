@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +113,7 @@ _C_INT = 0xD6E8FEB86659FD93  # odd multiplier of the token (byte) hash
 _C = np.uint64(_C_INT)
 _LONG_TOKEN = 64  # bytes of a token hashed with numpy; the rest of longer tokens in Python
 _WORD_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
-_TOKEN_CHAR = np.array([chr(i).isascii() and chr(i).isalnum() for i in range(256)], dtype=bool)
+_TOKEN_CHAR = np.array([chr(i).isalnum() for i in range(128)], dtype=bool)  # ASCII letters and digits
 _TOKEN_CHAR_BATCH = _TOKEN_CHAR.copy()
 _TOKEN_CHAR_BATCH[0] = True  # the text separator is a token of its own in a batch
 _CJK_RANGES = ((0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0xAC00, 0xD7AF))
@@ -150,7 +150,7 @@ def _token_hashes(buf: bytes, raw: bytes, starts: np.ndarray, lengths: np.ndarra
     if not len(starts):
         return h
     # the 8 bytes starting at every byte offset, as little-endian uint64 (a 1-byte-stride view)
-    words_at = np.ndarray(shape=(len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))
+    words_at = np.ndarray(shape=(len(raw),), dtype="<u8", buffer=buf, strides=(1,))
     left = lengths
     words = words_at.take(starts)
     words &= _WORD_MASKS.take(np.minimum(left, 8))
@@ -176,7 +176,7 @@ def _token_hashes(buf: bytes, raw: bytes, starts: np.ndarray, lengths: np.ndarra
     return h
 
 
-def _scan(norm: str, batch: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _scan(norm: str, *, batch: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Tokenise a normalised text with numpy (same tokens as
     :func:`klear.data.text.tokens_of_normalized`, plus ``\\x00`` as a token when ``batch``).
 
@@ -186,12 +186,12 @@ def _scan(norm: str, batch: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         the text's code points.
     """
     if norm.isascii():
-        raw = norm.encode("ascii")
+        raw = norm.encode()  # ASCII: one byte per character
         codes = np.frombuffer(raw, np.uint8)
         is_tok = (_TOKEN_CHAR_BATCH if batch else _TOKEN_CHAR).take(codes)  # take: ~2x faster than [codes]
         cjk = None
     else:
-        raw = norm.encode("utf-8", "surrogatepass")
+        raw = norm.encode(errors="surrogatepass")  # UTF-8, keeping a lone surrogate (a JSON \ud800 escape)
         codes = np.frombuffer(norm.encode("utf-32-le", "surrogatepass"), np.uint32)
         low = codes < 128
         is_tok = np.empty(len(codes), bool)
@@ -199,8 +199,8 @@ def _scan(norm: str, batch: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         high = np.flatnonzero(~low)
         uniq, inverse = np.unique(codes[high], return_inverse=True)
         chars = [chr(c) for c in uniq.tolist()]
-        is_tok[high] = np.array([ch.isalnum() for ch in chars], bool)[inverse]
-        ucjk = np.array([any(lo <= ord(ch) <= hi for lo, hi in _CJK_RANGES) for ch in chars], bool)
+        is_tok[high] = np.array([ch.isalnum() for ch in chars])[inverse]  # bool (chars is not empty)
+        ucjk = np.array([any(lo <= ord(ch) <= hi for lo, hi in _CJK_RANGES) for ch in chars])
         if ucjk.any():
             cjk = np.zeros(len(codes), bool)
             cjk[high] = ucjk[inverse]
@@ -238,12 +238,11 @@ def _pow(k: int) -> np.uint64:
 
 
 def _window_hashes(values: np.ndarray, n: int) -> np.ndarray:
-    """64-bit hashes of all length-n windows of ``values`` (uint64 token hashes). Built by
+    """64-bit hashes of all length-n windows of ``values`` (uint64 token hashes): the window
+    ``values[i:i + n]`` hashes to ``sum_j values[i + j] * P^(n - 1 - j) mod 2^64``. Built by
     doubling (windows of length 1, 2, 4, ... combined along the binary digits of n), so it
     costs about log2(n) + popcount(n) vectorised passes."""
-    w = len(values) - n + 1
-    if w <= 0:
-        return np.empty(0, np.uint64)
+    w = max(len(values) - n + 1, 0)  # no window in fewer than n values (then every array below is empty)
     cur = values
     blocks: list[tuple[int, np.ndarray]] = []
     k, m = 1, n
@@ -296,7 +295,7 @@ class NgramIndex:
     def add_text(self, text: str, benchmark: str, problem_id: str) -> int:
         """Add one benchmark problem; returns its number of tokens (0: ignored)."""
         norm = normalize_for_ngrams(text)
-        starts, ends, hashes, _ = _scan(norm, batch=False)
+        starts, ends, hashes, _ = _scan(norm)
         if not len(starts):
             return 0
         words = self.words
@@ -345,12 +344,12 @@ class NgramIndex:
     def finalize(self) -> None:
         """Build the hash arrays (called automatically before the first match)."""
         n = self.n
-        self.doc_starts = np.asarray(self._doc_starts, dtype=np.int64)
-        values = np.concatenate(self._token_hashes) if self._token_hashes else np.empty(0, np.uint64)
+        self.doc_starts = np.array(self._doc_starts)
+        values = np.concatenate([np.empty(0, np.uint64), *self._token_hashes])
         h = _window_hashes(values, n)
-        sep = np.array([t is None for t in self.tokens], dtype=bool)
-        bad = np.concatenate(([0], np.cumsum(sep, dtype=np.int64)))
-        pos = np.flatnonzero((bad[n:] - bad[: len(h)]) == 0) if len(h) else np.empty(0, np.int64)
+        # separators (None) before each token position; a window holding none is a benchmark n-gram
+        bad = np.concatenate(([0], np.cumsum([t is None for t in self.tokens])))
+        pos = np.flatnonzero((bad[n:] - bad[: len(h)]) == 0)  # len(bad) - n == len(h) (or both empty)
         h = h[pos]
         order = np.argsort(h, kind="stable")
         self.hashes = h[order]
@@ -387,7 +386,7 @@ class NgramIndex:
         a = 0
         while a < len(texts):
             # the largest group starting at a whose characters fit the chunk (at least one text)
-            b = max(a + 1, bisect_right(ends, (ends[a - 1] if a else 0) + _CHUNK_CHARS, lo=a))
+            b = max(a + 1, bisect_right(ends, (ends[a - 1] if a else 0) + _CHUNK_CHARS))
             out.extend(self._match_group(texts[a:b]))
             a = b
         return out
@@ -413,10 +412,10 @@ class NgramIndex:
         # themselves (a window across a text boundary holds the separator token, which no
         # benchmark n-gram holds, so it never passes the token check).
         h = _window_hashes(th, n)
-        if len(h) and len(self.hashes):
+        if len(self.hashes):  # else the benchmarks hold only short problems: no n-gram to look up
             cand = np.flatnonzero(self.table.take(h >> np.uint64(64 - self.bits)))
             hv = h[cand]
-            lo = np.searchsorted(self.hashes, hv, side="left")
+            lo = np.searchsorted(self.hashes, hv)  # the first equal hash (side "left", the default)
             found = lo < len(self.hashes)
             found[found] = self.hashes[lo[found]] == hv[found]
             cand, hv, lo = cand[found], hv[found], lo[found]
@@ -435,8 +434,8 @@ class NgramIndex:
             for r, p in first.items():
                 doc = int(np.searchsorted(self.doc_starts, p, side="right") - 1)
                 bench, pid = self.docs[doc]
-                phrase = cast("list[str]", self.tokens[p : p + n])  # a matched window holds no None separator
-                out[r] = Hit("ngram", bench, pid, " ".join(phrase), counts[r])
+                phrase = " ".join(map(str, self.tokens[p : p + n]))  # a matched window holds no None separator
+                out[r] = Hit("ngram", bench, pid, phrase, counts[r])
 
         # exact copies (the only rule for texts shorter than n)
         if self.exact:
@@ -485,11 +484,11 @@ def _run_job(index: NgramIndex, job: tuple) -> tuple:
         _, path, text_field, start, end, part = job
         blob = read_line_range(path, start, end)
         try:
-            text = blob.decode("utf-8")
+            text = blob.decode()  # UTF-8, strict
         except UnicodeDecodeError as exc:
-            lineno = blob.count(b"\n", 0, exc.start)
+            lineno = blob[: exc.start].count(b"\n")
             return "error", f"{path}: line \x00L{lineno}\x00: not valid UTF-8 ({exc.reason})"
-        lines: list[str] = text.split("\n")[:-1] if text else []
+        lines: list[str] = text.split("\n")[:-1]  # the blob ends in a newline (or is empty)
     else:
         _, path, text_field, raw = job
         lines = [line.rstrip("\r\n") for line in raw]
@@ -516,13 +515,10 @@ def _run_job(index: NgramIndex, job: tuple) -> tuple:
     except ValueError as exc:
         return "error", str(exc)
     hits = index.match_texts(texts)
-    removed = []
-    for k, hit in enumerate(hits):
-        if hit is not None:
-            removed.append((k, row_id(datas[k]), hit))
-            kept[k] = ""
-    out = [line[:-1] if line[-1:] == "\r" else line for line in kept if line]
-    kept_bytes = ("\n".join(out) + "\n").encode("utf-8", "surrogatepass") if out else b""
+    removed = [(k, row_id(datas[k]), hit) for k, hit in enumerate(hits) if hit is not None]
+    out = [line[:-1] if line[-1:] == "\r" else line for line, hit in zip(kept, hits) if hit is None]
+    # the lines were decoded strictly from UTF-8, so they hold no lone surrogate
+    kept_bytes = ("\n".join(out) + "\n").encode() if out else b""
     if part is not None:  # a worker hands big outputs over in a file, not through the result pipe
         with open(part, "wb") as fh:
             fh.write(kept_bytes)
@@ -580,7 +576,7 @@ def decontaminate_file(
     ignore_phrases: Sequence[str] = DEFAULT_IGNORE_PHRASES,
     workers: int | None = None,
     batch_size: int = 4096,
-    progress: bool = True,
+    progress: bool = True,  # pragma: no mutate (the progress bar only)
     quiet: bool = False,
 ) -> dict[str, Any]:
     """``klear data decontaminate``: copy ``inp`` to ``out`` without the contaminated rows
@@ -629,7 +625,9 @@ def decontaminate_file(
             _WORKER_INDEX = index  # forked workers (also any the pool re-forks) share the index
             pool = ctx.Pool(workers)
     parts: Path | None = None  # folder of the workers' output pieces (JSONL to JSONL)
+    # pragma: no mutate start (the progress bar only)
     bar = tqdm(total=count_rows(inp), unit="rows", desc="decontaminate", disable=not progress, mininterval=1.0)
+    # pragma: no mutate end
     fast = file_kind(inp) == "jsonl" and file_kind(out) == "jsonl"
     try:
         with RowWriter(out, schema=parquet_schema(inp)) as writer:
@@ -674,9 +672,9 @@ def decontaminate_file(
                         if hit is None:
                             writer.write(rec)
                         else:
-                            log(rec.row, row_id(rec.load(inp)), hit)
+                            log(rec.row, row_id(rec.data), hit)  # rows of these formats are parsed when read
                 rows_in += count
-                bar.update(count)
+                bar.update(count)  # pragma: no mutate (the progress bar only)
 
             def submit(batch: Any, job: tuple) -> None:
                 if pool is not None:

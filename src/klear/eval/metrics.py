@@ -135,7 +135,7 @@ def mean_with_ci(values: Sequence[float], confidence: float = 0.95) -> dict:
     if m < 2:
         lo = hi = None
     else:
-        sd = statistics.stdev(vals) if len(set(vals)) > 1 else 0.0
+        sd = statistics.stdev(vals)  # exact arithmetic: 0.0 for identical values
         z = statistics.NormalDist().inv_cdf((1.0 + confidence) / 2.0)
         half = z * sd / math.sqrt(m)
         lo, hi = max(0.0, mean - half), min(1.0, mean + half)
@@ -302,7 +302,8 @@ def summarize_samples(
             "confidence": confidence,
             "method": CI_METHOD,
         },
-        "pass_at_k": {str(k): mean_pass_at_k(counts, k, ids) for k in sorted(set(ks))},
+        # every n >= k and 0 <= c <= n here (checked above), so no problem needs naming
+        "pass_at_k": {str(k): mean_pass_at_k(counts, k) for k in sorted(set(ks))},
     }
     if n_min != n_max:
         out["n_min"], out["n_max"] = n_min, n_max

@@ -100,7 +100,7 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
 
 def _curve_stats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per step evaluated in every run: mean accuracy with its interval and the mean training seconds."""
-    steps = sorted(set.intersection(*[{r["step"] for r in run["curve"]} for run in runs])) if runs else []
+    steps = sorted(set.intersection(*[{r["step"] for r in run["curve"]} for run in runs]))  # one run per seed
     out = []
     for step in steps:
         rows = [next(r for r in run["curve"] if r["step"] == step) for run in runs]
@@ -196,8 +196,7 @@ def paired_metric_difference(pairs: list[tuple[dict[int, float], dict[int, float
 
 
 def _series_stats(series: list[dict[int, float]]) -> list[dict[str, Any]]:
-    if not series or not all(series):
-        return []
+    """Per step logged by every run (none if a run lacks the metric): :func:`mean_ci` across the runs."""
     steps = sorted(set.intersection(*[set(s) for s in series]))
     return [{"step": step, **mean_ci([s[step] for s in series])} for step in steps]
 
