@@ -269,20 +269,7 @@ def test_peer_advantages_are_trls_and_the_population_switch_gives_eq4(tmp_path, 
         return out
 
     ds = Dataset.from_list([{"prompt": f"{i} + {i} =", "prompt_id": f"p{i}"} for i in range(2)])
-    args = TRLPeerConfig(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        gradient_accumulation_steps=1,
-        steps_per_generation=2,
-        num_generations=8,
-        max_completion_length=4,
-        max_steps=1,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
-        adv_std=adv_std,
-    )
+    args = _one_step_peer_args(tmp_path, group=8, steps_per_generation=2, adv_std=adv_std)
     trainer = TRLPeerTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
     produced = []
     rollout = trainer._generate_and_score_completions
@@ -338,20 +325,7 @@ def test_peer_handles_unscored_rewards_as_trl_does_and_population_std_counts_sco
     ds = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "prompt_id": f"p{i}"} for i in range(3)]
     )
-    args = TRLPeerConfig(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=1,
-        steps_per_generation=3,
-        num_generations=4,
-        max_completion_length=4,
-        max_steps=1,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
-        adv_std="population",
-    )
+    args = _one_step_peer_args(tmp_path, group=4, steps_per_generation=3, adv_std="population")
     trainer = TRLPeerTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
     trainer.train()
     got = torch.cat([b["advantages"] for b in trainer._buffered_inputs]).double()
@@ -400,3 +374,21 @@ def test_an_arm_the_trainer_would_refuse_fails_when_the_grid_is_planned(tmp_path
     with pytest.raises(ValueError, match=expected):
         run_experiment(exp, seeds=[0])
     assert not (tmp_path / "exp").exists()
+
+
+def _one_step_peer_args(tmp_path, *, group: int, steps_per_generation: int, adv_std: str) -> TRLPeerConfig:
+    """One CPU optimizer step of the TRL peer, one group of ``group`` completions per micro-batch, no saving."""
+    return TRLPeerConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=group,
+        gradient_accumulation_steps=1,
+        steps_per_generation=steps_per_generation,
+        num_generations=group,
+        max_completion_length=4,
+        max_steps=1,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        adv_std=adv_std,
+    )
