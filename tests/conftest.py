@@ -179,6 +179,21 @@ class ResumeProbe:
         self.logged_steps: list[int] = []
 
 
+def assert_same_final_weights(uninterrupted_run: Path, resumed_run: Path, start_checkpoint: Path) -> None:
+    """Both runs' ``final/model.safetensors`` are float32 and equal bit for bit, and training moved them away from
+    ``start_checkpoint``'s weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    final_whole = load_file(uninterrupted_run / "final" / "model.safetensors")
+    final_resumed = load_file(resumed_run / "final" / "model.safetensors")
+    start = load_file(start_checkpoint / "model.safetensors")
+    assert final_whole.keys() == final_resumed.keys()
+    for key, value in final_whole.items():
+        assert value.dtype == torch.float32 and torch.equal(final_resumed[key], value), key
+    assert any(not torch.equal(start[k], v) for k, v in final_whole.items() if k in start)
+
+
 def assert_same_training_state(resumed: dict, uninterrupted: dict) -> None:
     """The state :class:`ResumeProbe` recorded at the same step of a resumed and an uninterrupted run is equal:
     global step, every optimizer tensor (bit for bit), the LR scheduler's state and the three RNG states."""

@@ -7,7 +7,14 @@ import json
 import pytest
 import yaml
 
-from conftest import ResumeProbe, assert_same_training_state, math_rows, varied_reward, write_jsonl
+from conftest import (
+    ResumeProbe,
+    assert_same_final_weights,
+    assert_same_training_state,
+    math_rows,
+    varied_reward,
+    write_jsonl,
+)
 from klear.cli import main
 from klear.config import apply_overrides, load_config, parse_override
 from klear.rl.job import run_rl, validate_job_config
@@ -80,9 +87,6 @@ def test_resume_continues_the_killed_run_exactly(tmp_path, tiny_ckpt, monkeypatc
 
     The kill is at a rollout boundary (2 steps per rollout batch): TRL keeps the rollouts of a batch in memory
     only, so a checkpoint inside a batch cannot be continued exactly."""
-    import torch
-    from safetensors.torch import load_file
-
     monkeypatch.setattr("klear.rl.reward_fn.make_klear_reward", lambda **kwargs: varied_reward)
     probe = ResumeProbe(monkeypatch, watch_step=2)
     recipes = {}
@@ -124,13 +128,7 @@ def test_resume_continues_the_killed_run_exactly(tmp_path, tiny_ckpt, monkeypatc
         for key in ("step", "reward", "klear/policy_loss", "grad_norm", "learning_rate", "klear/ratio_max"):
             assert mine.get(key) == ref.get(key), (mine["step"], key)
     assert whole_rows[2]["reward_std"] > 0 and whole_rows[3]["klear/ratio_max"] != 1.0  # learning, off-policy
-    final_whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
-    final_resumed = load_file(killed / "final" / "model.safetensors")
-    start = load_file(tiny_ckpt / "model.safetensors")
-    assert final_whole.keys() == final_resumed.keys()
-    for key, value in final_whole.items():
-        assert value.dtype == torch.float32 and torch.equal(final_resumed[key], value), key
-    assert any(not torch.equal(start[k], v) for k, v in final_whole.items() if k in start)
+    assert_same_final_weights(tmp_path / "whole", killed, tiny_ckpt)
 
 
 def test_resume_without_checkpoint_fails(tmp_path, tiny_ckpt):

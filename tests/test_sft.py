@@ -464,10 +464,8 @@ def test_resume_continues_the_killed_run_exactly(tmp_path, embedded_path, monkey
     """`klear sft --resume` after a kill at step 2 of 4 starts at global step 2 with the optimizer (Adam moments),
     cosine-to-floor scheduler and RNG states of the uninterrupted run, logs only steps 3-4, and ends with its
     exact weights (the data order after the skipped batches included)."""
-    import torch
-    from safetensors.torch import load_file
 
-    from conftest import ResumeProbe, assert_same_training_state
+    from conftest import ResumeProbe, assert_same_final_weights, assert_same_training_state
     from klear.cli import main
 
     model_dir = _tiny_checkpoint(tmp_path, embedded_path)
@@ -519,13 +517,7 @@ def test_resume_continues_the_killed_run_exactly(tmp_path, embedded_path, monkey
     for mine, ref in zip(after[2:], whole_rows[2:], strict=True):
         mine, ref = json.loads(mine), json.loads(ref)
         assert (mine["step"], mine["loss"], mine["learning_rate"]) == (ref["step"], ref["loss"], ref["learning_rate"])
-    final_whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
-    final_resumed = load_file(killed / "final" / "model.safetensors")
-    start = load_file(model_dir / "model.safetensors")
-    assert final_whole.keys() == final_resumed.keys()
-    for key, value in final_whole.items():
-        assert value.dtype == torch.float32 and torch.equal(final_resumed[key], value), key
-    assert any(not torch.equal(start[k], v) for k, v in final_whole.items() if k in start)
+    assert_same_final_weights(tmp_path / "whole", killed, model_dir)
 
 
 def test_cli_errors_name_the_key(tmp_path, capsys):
