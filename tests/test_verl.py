@@ -478,3 +478,14 @@ def test_check_plugin_refuses_when_verl_plugins_are_disabled(monkeypatch):
         kv.check_plugin()
     monkeypatch.setenv("VERL_USE_EXTERNAL_PLUGINS", "other,klear")
     kv.check_plugin()
+
+
+def test_verl_fsdp_model_patch_runs_with_the_pinned_trl(tiny_model):
+    """verl's FSDP engine calls ``apply_monkey_patch`` on every actor model it builds, and that function imports
+    ``AutoModelForCausalLMWithValueHead`` from ``trl.experimental.ppo`` (or ``trl``) whenever TRL is installed;
+    TRL 1.13+ ships neither, so ``init_model`` failed on a GPU cluster. configs/verl/constraints.txt pins a TRL
+    that has it; this runs the same call on CPU."""
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    model, _ = tiny_model
+    apply_monkey_patch(model, use_remove_padding=False)
