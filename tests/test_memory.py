@@ -52,10 +52,24 @@ def test_small_config_by_hand_and_against_transformers_on_meta():
     assert memory.parameter_count(small) == 2 * 100 * 16 + 2 * 2736 + 16
     for config in (
         small,
-        Qwen2Config(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                    intermediate_size=40, tie_word_embeddings=True),
-        LlamaConfig(vocab_size=70, hidden_size=24, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=3,
-                    intermediate_size=30, tie_word_embeddings=False),
+        Qwen2Config(
+            vocab_size=90,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=40,
+            tie_word_embeddings=True,
+        ),
+        LlamaConfig(
+            vocab_size=70,
+            hidden_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            intermediate_size=30,
+            tie_word_embeddings=False,
+        ),
     ):
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
@@ -79,11 +93,13 @@ def test_kv_cache_and_eval_batch_size_by_hand():
 def test_plan_components_by_hand():
     config = qwen3_8b_config()
     n = 8_190_735_360
-    kw = dict(processes=8, device_bytes=80 * 10**9, micro_batch=1, seq_tokens=36864, logit_tokens=32768,
-              checkpointing=True)
+    kw = dict(
+        processes=8, device_bytes=80 * 10**9, micro_batch=1, seq_tokens=36864, logit_tokens=32768, checkpointing=True
+    )
     ddp = memory.plan_memory(config, strategy="ddp", **kw)
-    assert ddp.components["parameters"] + ddp.components["gradients"] + ddp.components["optimizer state (AdamW)"] \
-        == 16 * n
+    assert (
+        ddp.components["parameters"] + ddp.components["gradients"] + ddp.components["optimizer state (AdamW)"] == 16 * n
+    )
     assert not ddp.fits
     zero3 = memory.plan_memory(config, strategy="zero3", **kw)
     assert zero3.components["parameters"] == 2 * n // 8
@@ -100,3 +116,27 @@ def test_plan_components_by_hand():
     assert sleepy.fits and not awake.fits
     with pytest.raises(ValueError, match="strategy 'tp'"):
         memory.plan_memory(config, strategy="tp", **kw)
+
+
+def test_hf_eval_backend_caps_its_batch_on_cuda(tiny_model, monkeypatch, capsys):
+    """klear eval --backend hf at batch 16 x 32K on 80 GB (issue 22, low): the batch is lowered to what fits."""
+    import torch
+
+    from klear.eval.backends import HFBackend, plan_context
+
+    model, tok = tiny_model
+    backend = HFBackend(
+        "tiny",
+        plan_context(model.config, max_tokens=8, max_prompt_tokens=50),
+        tokenizer=tok,
+        model=model,
+        batch_size=16,
+    )
+    assert backend.fitting_batch_size(32768) == 16  # CPU: as asked
+    per_sequence = memory.kv_cache_bytes(model.config, 32768, 4) + model.config.vocab_size * 4
+    free = int(3.5 * per_sequence / memory.EVAL_MEMORY_SHARE)  # room for 3 sequences
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 2 * free))
+    backend.device = torch.device("cuda")
+    assert backend.fitting_batch_size(32768) == 3
+    assert "batch size 16 -> 3" in capsys.readouterr().out
+    assert backend.fitting_batch_size(64) == 16

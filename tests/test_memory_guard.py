@@ -109,13 +109,20 @@ def test_gpu_recipes_fit_8x80gb_with_zero3_on_a_32k_checkpoint(recipe, checkpoin
     common = dict(budget=budget, budget_name="trainer.max_completion_length", where="data.train")
     assert runs.check_prompt_context(WordTokenizer(), prompts, context=setup.context, **common) == 4096
     with pytest.raises(ValueError, match="exceeds the model's context of 36864"):
-        runs.check_prompt_context(WordTokenizer(), Dataset.from_dict({"prompt": ["w " * 4097]}),
-                                  context=setup.context, **common)
+        runs.check_prompt_context(
+            WordTokenizer(), Dataset.from_dict({"prompt": ["w " * 4097]}), context=setup.context, **common
+        )
     # the GPU vLLM engine's context: prompt + response, within the raised positions
     from klear.integrations.vllm import rollout_engine_settings
 
-    engine = rollout_engine_settings(setup.args, config["trainer"], model_path=setup.model_path,
-                                     config=setup.model_config, longest_prompt=4096, on_cpu=False)
+    engine = rollout_engine_settings(
+        setup.args,
+        config["trainer"],
+        model_path=setup.model_path,
+        config=setup.model_config,
+        longest_prompt=4096,
+        on_cpu=False,
+    )
     assert engine["vllm_max_model_length"] == 36864
 
 
@@ -140,20 +147,26 @@ def test_guard_names_the_micro_batch_fix(checkpoint, fake_gpu, tmp_path, monkeyp
 
 
 def test_cpu_runs_are_not_planned(checkpoint, tmp_path, monkeypatch, capsys):
-    config, _ = load_config("sft_klear", [f"model={checkpoint}", f"output_dir={tmp_path / 'run'}",
-                                          "data.train=x.jsonl", "trainer.bf16=auto"])
+    config, _ = load_config(
+        "sft_klear",
+        [f"model={checkpoint}", f"output_dir={tmp_path / 'run'}", "data.train=x.jsonl", "trainer.bf16=auto"],
+    )
     from klear.sft.job import SFT_TRAINER_DEFAULTS
     from klear.sft.trainer import KlearSFTConfig
 
-    setup = runs.prepare_run(config, source="sft_klear", resume=False, config_cls=KlearSFTConfig,
-                             trainer_defaults=SFT_TRAINER_DEFAULTS)
+    setup = runs.prepare_run(
+        config, source="sft_klear", resume=False, config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS
+    )
     assert setup.memory_plan is None and "memory plan" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("name", "distributed", "field", "value"), [
-    ("zero3.yaml", "DEEPSPEED", "deepspeed_config", 3),
-    ("fsdp2.yaml", "FSDP", "fsdp_config", 2),
-])
+@pytest.mark.parametrize(
+    ("name", "distributed", "field", "value"),
+    [
+        ("zero3.yaml", "DEEPSPEED", "deepspeed_config", 3),
+        ("fsdp2.yaml", "FSDP", "fsdp_config", 2),
+    ],
+)
 def test_shipped_accelerate_configs_load_with_accelerates_loader(name, distributed, field, value):
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.utils import DistributedType
