@@ -23,10 +23,10 @@ _SUBCOMMAND_MODULES: list[str] = [
 
 
 def _rl(ns: argparse.Namespace) -> int:
-    from klear.rl.job import run_rl
+    from klear.rl.job import plan_rl, run_rl
     from klear.runs import run_command
 
-    return run_command(ns, "rl", run_rl)
+    return run_command(ns, "rl", run_rl, plan_rl)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

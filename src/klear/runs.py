@@ -49,8 +49,15 @@ __all__ = [
     "check_int",
     "check_prompt_context",
     "check_section_keys",
+    "check_memory_plan",
     "check_trainer_section",
+    "cap_eval_batch_size",
+    "dry_run",
     "eval_settings",
+    "launch_strategy",
+    "recipe_memory_plan",
+    "raised_context_checkpoint",
+    "run_context",
     "finish_run",
     "format_paired",
     "heldout_eval",
@@ -592,7 +599,11 @@ class RunSetup:
         out: the run directory. resume: ``False`` or the checkpoint to resume from. seed: the run's seed.
         trainer_cfg: the ``trainer`` section with device/precision resolved and klear's defaults filled in.
         precision: the resolved :class:`klear.precision.Precision`. args: the trainer's config object.
-        model_path: a local checkpoint path (``embedded`` converted). model_config: its ``AutoConfig``.
+        model_path: a local checkpoint path (``embedded`` converted; a raised-context view when the recipe's
+            ``context_length`` exceeds the checkpoint's, :func:`raised_context_checkpoint`). model_config: its
+            ``AutoConfig``.
+        context: the run's context in tokens (:func:`run_context`; 0: unknown).
+        memory_plan: the per-GPU :class:`klear.memory.MemoryPlan` checked on CUDA (``None`` on CPU).
     """
 
     out: Path
@@ -603,6 +614,8 @@ class RunSetup:
     args: Any
     model_path: str
     model_config: Any
+    context: int = 0
+    memory_plan: Any = None
 
 
 def prepare_run(
@@ -641,8 +654,345 @@ def prepare_run(
     model_config = AutoConfig.from_pretrained(model_path)
     if resume:
         check_checkpoint_model(resume, model_config, str(config["model"]), flag=flag)
+    context, checkpoint_context = run_context(config, model_config)
+    plan = None
+    if precision.device == "cuda":  # before any weights load; CPU runs are not planned
+        strategy, processes = launch_strategy()
+        plan = check_memory_plan(
+            config,
+            args,
+            model_config,
+            source=source,
+            strategy=strategy,
+            processes=processes,
+            device_bytes=cuda_device_memory(),
+            context=context,
+        )
+    if context > checkpoint_context > 0:
+        model_path = raised_context_checkpoint(model_path, context)
+        model_config = AutoConfig.from_pretrained(model_path)
+        print(
+            f"context_length {context}: the model's positions raised from {checkpoint_context} "
+            f"(checkpoint view {model_path})",
+            flush=True,
+        )
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
-    return RunSetup(out, resume, seed, trainer_cfg, precision, args, model_path, model_config)
+    return RunSetup(out, resume, seed, trainer_cfg, precision, args, model_path, model_config, context, plan)
+
+
+# ----------------------------------------------------------------------------- context length and the memory plan
+def run_context(config: dict[str, Any], model_config) -> tuple[int, int]:
+    """``(the run's context, the checkpoint's context)`` in tokens.
+
+    The checkpoint's is its ``max_position_embeddings`` (0: unknown); the run's is the recipe's top-level
+    ``context_length`` when set (a checkpoint with fewer positions is raised to it by :func:`prepare_run`),
+    else the checkpoint's. Prompts longer than the run's context less the response budget are refused
+    (:func:`check_prompt_context`).
+    """
+    getter = getattr(model_config, "get_text_config", None)
+    text = getter() if callable(getter) else model_config
+    checkpoint = int(getattr(text, "max_position_embeddings", 0) or 0)
+    wanted = config.get("context_length")
+    return (int(wanted) if wanted else checkpoint), checkpoint
+
+
+def raised_context_checkpoint(model_path: str, context: int) -> str:
+    """A view of the checkpoint ``model_path`` whose ``config.json`` says ``max_position_embeddings: context``:
+    a directory in klear's cache (:func:`klear.models.embedded.cache_dir`, ``context/``) of links to every
+    other file of the checkpoint (nothing is copied). Both the trained model (transformers) and the colocated
+    vLLM engine (which sizes its rotary table and ``max_model_len`` from ``config.json``) load it.
+
+    Only the positions' limit changes: the rotary embedding (``rope_theta``, no scaling) is the same
+    function of the position, so positions below the checkpoint's limit compute exactly as before; positions
+    above it were never trained on (the paper's RL runs 4K prompts + 32K responses from a 32K SFT model).
+
+    A hub id is first resolved to its local snapshot (``huggingface_hub.snapshot_download``). Several
+    processes may call this at once: the view is built in a temporary directory and renamed into place.
+
+    Raises:
+        ValueError: the checkpoint has no ``config.json`` (one line).
+    """
+    import hashlib
+    import os
+    import tempfile
+
+    from klear.models.embedded import cache_dir
+
+    source = Path(model_path).expanduser()
+    if not source.is_dir():
+        from huggingface_hub import snapshot_download
+
+        source = Path(snapshot_download(model_path))
+    config_file = source / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"model {model_path}: no config.json to raise the context of (context_length {context})")
+    raw = json.loads(config_file.read_text())
+    for section in (raw, raw.get("text_config") or {}):
+        if "max_position_embeddings" in section or section is raw:
+            section["max_position_embeddings"] = int(context)
+    digest = hashlib.sha256(f"{source.resolve()}:{context}".encode()).hexdigest()[:12]
+    view = cache_dir() / "context" / f"{source.name}-ctx{int(context)}-{digest}"
+    if (view / "config.json").is_file() and json.loads((view / "config.json").read_text()) == raw:
+        return str(view)
+    view.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=view.name + ".", dir=view.parent))
+    for entry in source.iterdir():
+        if entry.name != "config.json":
+            (tmp / entry.name).symlink_to(entry.resolve())
+    (tmp / "config.json").write_text(json.dumps(raw, indent=2))
+    try:
+        os.rename(tmp, view)
+    except OSError:  # another process made it first (or an older view is there): use it when it is the same
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not ((view / "config.json").is_file() and json.loads((view / "config.json").read_text()) == raw):
+            shutil.rmtree(view, ignore_errors=True)
+            return raised_context_checkpoint(model_path, context)
+    return str(view)
+
+
+def launch_strategy() -> tuple[str, int]:
+    """``(strategy, processes)`` of this launch, from the variables ``accelerate launch`` sets
+    (``accelerate/utils/launch.py``): ``ACCELERATE_USE_DEEPSPEED`` with ``ACCELERATE_DEEPSPEED_ZERO_STAGE`` (or the
+    ``zero_optimization.stage`` of ``ACCELERATE_DEEPSPEED_CONFIG_FILE``) -> ``zero1``/``zero2``/``zero3``;
+    ``ACCELERATE_USE_FSDP`` -> ``fsdp2`` (FSDP1's full sharding holds the same memory); otherwise ``ddp``.
+    Processes: ``WORLD_SIZE`` (1 without a launcher)."""
+    import os
+
+    env = os.environ
+    processes = int(env.get("WORLD_SIZE") or 1)
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+        ds_file = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        if stage is None and ds_file and Path(ds_file).is_file():
+            try:
+                stage = str(json.loads(Path(ds_file).read_text()).get("zero_optimization", {}).get("stage", 0))
+            except (OSError, ValueError):
+                stage = None
+        return {"1": "zero1", "2": "zero2", "3": "zero3"}.get(str(stage), "ddp"), processes
+    if env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        return "fsdp2", processes
+    return "ddp", processes
+
+
+def cuda_device_memory() -> int:
+    """Total memory of this process's CUDA device, bytes (``torch.cuda.get_device_properties``)."""
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+
+def _gpu_setting(trainer: dict[str, Any], args, key: str) -> bool:
+    """A trainer boolean as a GPU run resolves it (``auto`` -> on; unset -> the built arguments' value)."""
+    value = trainer.get(key, "auto" if key == "bf16" else getattr(args, key, False))
+    if key == "bf16":
+        return value in (None, "auto", True)
+    return value == "auto" or bool(value)
+
+
+def recipe_memory_plan(
+    config: dict[str, Any], args, model_config, *, strategy: str, processes: int, device_bytes: int, context: int
+):
+    """The per-GPU :class:`klear.memory.MemoryPlan` of a recipe on a GPU machine (:func:`klear.memory.plan_memory`).
+
+    ``klear rl`` (arguments with ``num_generations``): sequences of ``context`` tokens (prompt + response, the
+    run's context), scored on ``max_completion_length`` tokens, the colocated engine's
+    ``vllm_gpu_memory_utilization`` and ``vllm_enable_sleep_mode``. ``klear sft``: sequences of ``max_length``
+    tokens (or ``context``), all scored. Precision and checkpointing as a GPU resolves the recipe (``auto``: on).
+    """
+    from klear.memory import plan_memory
+
+    trainer = config.get("trainer") or {}
+    mixed = _gpu_setting(trainer, args, "bf16") or bool(trainer.get("fp16", False))
+    rl = hasattr(args, "num_generations")
+    seq = int(context or 0) if rl else int(getattr(args, "max_length", None) or context or 0)
+    if seq < 1:
+        raise ValueError("memory plan: the model's context is unknown (no max_position_embeddings): set context_length")
+    colocated = rl and bool(getattr(args, "use_vllm", False)) and getattr(args, "vllm_mode", None) == "colocate"
+    return plan_memory(
+        model_config,
+        strategy=strategy,
+        processes=processes,
+        device_bytes=device_bytes,
+        micro_batch=int(args.per_device_train_batch_size),
+        seq_tokens=seq,
+        logit_tokens=min(seq, int(args.max_completion_length)) if rl else seq,
+        checkpointing=_gpu_setting(trainer, args, "gradient_checkpointing"),
+        mixed_precision=mixed,
+        vllm_share=float(args.vllm_gpu_memory_utilization) if colocated else None,
+        vllm_sleep=colocated and bool(getattr(args, "vllm_enable_sleep_mode", False)),
+    )
+
+
+def _plan_fix(config: dict[str, Any], args, model_config, plan, context: int) -> str:
+    """The first change that makes ``plan`` fit, as an instruction."""
+    import copy
+
+    def fits(strategy: str = plan.strategy, **changes: Any) -> bool:
+        changed = copy.copy(args)
+        trainer = dict(config.get("trainer") or {})
+        for key, value in changes.items():
+            setattr(changed, key, value)
+            trainer[key] = value
+        return recipe_memory_plan(
+            {**config, "trainer": trainer},
+            changed,
+            model_config,
+            strategy=strategy,
+            processes=plan.processes,
+            device_bytes=plan.device_bytes,
+            context=context,
+        ).fits
+
+    if plan.strategy != "zero3" and fits("zero3"):
+        return "launch with --config_file configs/accelerate/zero3.yaml (DeepSpeed ZeRO-3)"
+    colocated = hasattr(args, "num_generations") and getattr(args, "use_vllm", False)
+    if colocated and not getattr(args, "vllm_enable_sleep_mode", False) and fits(vllm_enable_sleep_mode=True):
+        return "set trainer.vllm_enable_sleep_mode=true (the engine sleeps while the model trains)"
+    if args.per_device_train_batch_size > 1 and fits(per_device_train_batch_size=1):
+        return (
+            "lower trainer.per_device_train_batch_size (1 fits; raise gradient_accumulation_steps and "
+            "steps_per_generation to keep the batch)"
+        )
+    if not _gpu_setting(config.get("trainer") or {}, args, "gradient_checkpointing") and fits(
+        gradient_checkpointing=True
+    ):
+        return "set trainer.gradient_checkpointing=true"
+    if colocated and fits(vllm_gpu_memory_utilization=0.3):
+        return "lower trainer.vllm_gpu_memory_utilization (0.3 fits)"
+    return "use more GPUs (shards), shorter sequences (max_completion_length / max_length) or a smaller model"
+
+
+def check_memory_plan(
+    config: dict[str, Any],
+    args,
+    model_config,
+    *,
+    source: str,
+    strategy: str,
+    processes: int,
+    device_bytes: int,
+    context: int,
+):
+    """Refuse a launch whose per-GPU memory plan (:func:`recipe_memory_plan`) cannot fit the device.
+
+    Returns:
+        The plan (it fits).
+
+    Raises:
+        ValueError: one line naming the estimate and its largest parts, the device memory, the margin and the
+            fix (e.g. ``launch with --config_file configs/accelerate/zero3.yaml``).
+    """
+    from klear.memory import GIB
+
+    plan = recipe_memory_plan(
+        config,
+        args,
+        model_config,
+        strategy=strategy,
+        processes=processes,
+        device_bytes=device_bytes,
+        context=context,
+    )
+    if plan.fits:
+        return plan
+    parts = sorted(plan.components.items(), key=lambda kv: -kv[1])[:4]
+    phase = " (generation phase)" if (plan.generation or 0) > plan.training else ""
+    raise ValueError(
+        f"{source}: memory plan: ~{plan.peak / GIB:.1f} GiB per GPU{phase} with {strategy} on {processes} "
+        f"process(es) ({', '.join(f'{k} {v / GIB:.1f}' for k, v in parts)} GiB) exceeds the device's "
+        f"{device_bytes / GIB:.1f} GiB less a {plan.margin_share:.0%} margin: "
+        f"{_plan_fix(config, args, model_config, plan, context)}"
+    )
+
+
+def dry_run(
+    config: dict[str, Any],
+    *,
+    source: str,
+    config_cls: type,
+    trainer_defaults: dict[str, Any] | None = None,
+    gpus: int | None = None,
+    gpu_memory_gb: float | None = None,
+    strategy: str | None = None,
+) -> Any:
+    """``klear rl|sft --dry-run``: print the per-GPU memory plan of a validated recipe; no weights load.
+
+    The model's config (``config.json`` only) gives the sizes. Defaults: the launch's strategy and process
+    count (:func:`launch_strategy`; with no launcher, this machine's GPU count), this machine's GPU memory.
+
+    Args:
+        gpus, gpu_memory_gb, strategy: plan for another cluster (``gpu_memory_gb``: 10^9 bytes per unit).
+
+    Returns:
+        The :class:`klear.memory.MemoryPlan`.
+
+    Raises:
+        ValueError: no GPU here and no ``gpu_memory_gb``; bad numbers (one line).
+    """
+    import torch
+    from transformers import AutoConfig
+
+    from klear.memory import STRATEGIES
+    from klear.models.embedded import resolve_model_path
+
+    _, _, args = trainer_arguments(
+        config, source=source, config_cls=config_cls, trainer_defaults=trainer_defaults, machine_checks=False
+    )
+    model_config = AutoConfig.from_pretrained(resolve_model_path(str(config["model"])))
+    context, checkpoint_context = run_context(config, model_config)
+    launched, launched_processes = launch_strategy()
+    if gpus is None:
+        gpus = launched_processes if launched_processes > 1 else max(1, torch.cuda.device_count())
+    if gpus < 1:
+        raise ValueError(f"--gpus {gpus}: expected >= 1")
+    if gpu_memory_gb is None:
+        if not torch.cuda.is_available():
+            raise ValueError("--dry-run: no CUDA GPU here; give the target's memory with --gpu-memory-gb (e.g. 80)")
+        device_bytes = cuda_device_memory()
+    elif not gpu_memory_gb > 0:
+        raise ValueError(f"--gpu-memory-gb {gpu_memory_gb}: expected > 0")
+    else:
+        device_bytes = int(gpu_memory_gb * 10**9)
+    strategy = strategy or launched
+    if strategy not in STRATEGIES:
+        raise ValueError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
+    raised = f" (raised from the checkpoint's {checkpoint_context})" if context > checkpoint_context > 0 else ""
+    print(f"recipe valid; context {context} tokens{raised}; no weights loaded", flush=True)
+    plan = recipe_memory_plan(
+        config, args, model_config, strategy=strategy, processes=gpus, device_bytes=device_bytes, context=context
+    )
+    print(plan.table(), flush=True)
+    if not plan.fits:
+        print(f"fix: {_plan_fix(config, args, model_config, plan, context)}", flush=True)
+    return plan
+
+
+def cap_eval_batch_size(eval_cfg: dict[str, Any], setup: RunSetup, *, tokens: int) -> dict[str, Any]:
+    """On CUDA, lower ``eval_cfg["batch_size"]`` to what the held-out HF generation can hold
+    (:func:`klear.memory.eval_batch_size`: KV cache of ``tokens`` tokens per sequence at 4 bytes, the training
+    model's dtype under DDP, in :data:`klear.memory.EVAL_MEMORY_SHARE` of what the training state leaves of the
+    usable device memory). Prints a line when it lowers it; unchanged on CPU.
+
+    Returns:
+        ``eval_cfg``, or a copy with the lowered ``batch_size``.
+    """
+    from klear.memory import EVAL_MEMORY_SHARE, GIB, eval_batch_size
+
+    plan = setup.memory_plan
+    if setup.precision.device != "cuda" or plan is None or not eval_cfg.get("enabled", True):
+        return eval_cfg
+    transient = sum(v for k, v in plan.components.items() if k.startswith(("activations", "logits")))
+    free = max(0, plan.limit - (plan.peak - transient))
+    wanted = int(eval_cfg["batch_size"])
+    capped = eval_batch_size(setup.model_config, tokens=tokens, batch_size=wanted, free_bytes=free, dtype_bytes=4)
+    if capped >= wanted:
+        return eval_cfg
+    print(
+        f"held-out evaluation: eval.batch_size {wanted} -> {capped} (the KV cache of {tokens} tokens per sequence "
+        f"must fit in {EVAL_MEMORY_SHARE:.0%} of the ~{free / GIB:.1f} GiB per GPU the training leaves)",
+        flush=True,
+    )
+    return {**eval_cfg, "batch_size": capped}
 
 
 def format_paired(name: str, r: dict[str, Any]) -> str:
@@ -682,9 +1032,11 @@ def finish_run(
             logging.getLogger(__name__).warning("no plot: %s", e)
 
 
-def run_command(ns, stage: str, run) -> int:
+def run_command(ns, stage: str, run, plan=None) -> int:
     """The ``klear rl`` / ``klear sft`` command: load ``ns.config`` with ``ns.overrides``, apply
-    ``--output-dir`` and ``--resume``/``--resume-from``, then ``run(config, source=..., resume=...)``.
+    ``--output-dir`` and ``--resume``/``--resume-from``, then ``run(config, source=..., resume=...)``; with
+    ``--dry-run``, ``plan(config, source=..., gpus=..., gpu_memory_gb=..., strategy=...)`` instead (validate and
+    print the memory plan, :func:`dry_run`).
 
     Returns:
         The exit code, 0.
@@ -696,6 +1048,9 @@ def run_command(ns, stage: str, run) -> int:
         config["output_dir"] = ns.output_dir
     print(f"klear {stage}: recipe {path}, run directory {config.get('output_dir')}", flush=True)
     source = f"{path} + command-line overrides" if ns.overrides else str(path)
+    if getattr(ns, "dry_run", False) and plan is not None:
+        plan(config, source=source, gpus=ns.gpus, gpu_memory_gb=ns.gpu_memory_gb, strategy=ns.strategy)
+        return 0
     run(config, source=source, resume=ns.resume_from or ns.resume)
     return 0
 
@@ -714,5 +1069,20 @@ def add_run_arguments(parser, *, default_recipe: str, recipes: str) -> None:
     )
     parser.add_argument(
         "--resume-from", default=None, metavar="CHECKPOINT", help="continue from this checkpoint directory"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the recipe, print the per-GPU memory plan and exit (no weights load, nothing is written)",
+    )
+    parser.add_argument("--gpus", type=int, default=None, help="--dry-run: training processes/GPUs to plan for")
+    parser.add_argument(
+        "--gpu-memory-gb", type=float, default=None, help="--dry-run: memory per GPU, GB (10^9 bytes), e.g. 80"
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=("ddp", "zero1", "zero2", "zero3", "fsdp2"),
+        default=None,
+        help="--dry-run: ddp (plain accelerate launch), zero3 or fsdp2 (configs/accelerate/*.yaml)",
     )
     parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")

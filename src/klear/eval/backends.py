@@ -531,12 +531,36 @@ class HFBackend:
         """Token ids of one rendered prompt."""
         return prompt_token_ids(self.tokenizer, messages)
 
+    def fitting_batch_size(self, tokens: int) -> int:
+        """``batch_size``, lowered on CUDA so that the KV cache of ``tokens`` tokens per sequence fits in
+        :data:`klear.memory.EVAL_MEMORY_SHARE` of the device's free memory (:func:`klear.memory.eval_batch_size`;
+        ``torch.cuda.mem_get_info``); prints a line when it lowers it. ``batch_size`` elsewhere."""
+        if self.device.type != "cuda":
+            return self.batch_size
+        import torch
+
+        from klear.memory import EVAL_MEMORY_SHARE, eval_batch_size
+
+        free, _ = torch.cuda.mem_get_info(self.device)
+        element = next(self.model.parameters()).element_size()
+        fitting = eval_batch_size(
+            self.model.config, tokens=tokens, batch_size=self.batch_size, free_bytes=free, dtype_bytes=element
+        )
+        if fitting < self.batch_size:
+            print(
+                f"klear eval: batch size {self.batch_size} -> {fitting} (the KV cache of {tokens} tokens per sequence "
+                f"must fit in {EVAL_MEMORY_SHARE:.0%} of the GPU's {free / 2**30:.1f} GiB free)",
+                flush=True,
+            )
+        return fitting
+
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings, progress=None
     ) -> list[Completion]:
         """Generate one completion per request, returned in request order.
 
-        Requests are batched ``batch_size`` at a time in order of prompt length (less padding);
+        Requests are batched ``batch_size`` at a time (on CUDA at most what fits, :meth:`fitting_batch_size`)
+        in order of prompt length (less padding);
         per-sample seeds make the result independent of the batching. ``progress`` (optional)
         is called with the number of samples finished after each batch.
         """
@@ -547,11 +571,12 @@ class HFBackend:
         lengths = [len(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts_all]
         order = sorted(range(len(requests)), key=lambda i: (lengths[i], i))
         results: list[Completion | None] = [None] * len(requests)
+        batch_size = self.fitting_batch_size(max(lengths, default=0) + int(sampling.max_tokens))
         old_side = self.tokenizer.padding_side
         try:
             self.tokenizer.padding_side = "left"
-            for start in range(0, len(order), self.batch_size):
-                idx = order[start : start + self.batch_size]
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
                 batch = [requests[i] for i in idx]
                 texts = [texts_all[i] for i in idx]
                 enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)

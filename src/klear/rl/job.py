@@ -29,7 +29,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "reward", "trainer_impl"}
+_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "reward", "trainer_impl", "context_length"}
 # trainer_impl: "klear" (GPPOTrainer) or "trl_grpo" (plain TRL GRPOTrainer, klear.rl.trl_peer)
 TRAINER_IMPLS = ("klear", "trl_grpo")
 _DATA_KEYS = {
@@ -77,6 +77,7 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
 
     if "seed" in config:
         _int("seed", config["seed"], 0)
+    check_int(source, "context_length", config.get("context_length"), 1, allow_none=True)
     for key in ("train_size", "heldout_size"):
         if key in config["data"]:
             _int(f"data.{key}", config["data"][key], 0 if key == "heldout_size" else 1)
@@ -97,6 +98,16 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     # every check the run makes on its trainer arguments (TRL's, GPPOConfig's, ranges, vLLM on CPU), now: a later
     # arm of an experiment must not fail after the earlier ones ran
     trainer_arguments({**config, "trainer": trainer}, source=source, config_cls=config_cls, machine_checks=False)
+
+
+def plan_rl(config: dict[str, Any], *, source: str = "config", **target: Any):
+    """``klear rl --dry-run``: validate the recipe and print its per-GPU memory plan (:func:`klear.runs.dry_run`;
+    ``target``: ``gpus``, ``gpu_memory_gb``, ``strategy``). Returns the plan."""
+    from klear.runs import dry_run
+
+    validate_job_config(config, source)
+    config_cls, trainer = trainer_config(config, source)
+    return dry_run({**config, "trainer": trainer}, source=source, config_cls=config_cls, **target)
 
 
 def trainer_config(config: dict[str, Any], source: str) -> tuple[type, dict[str, Any]]:
@@ -197,7 +208,15 @@ def run_rl(
     from klear.rl.periodic_eval import HeldoutCurveCallback
     from klear.rl.reward_fn import make_klear_reward
     from klear.rl.trainer import GPPOTrainer
-    from klear.runs import check_prompt_context, eval_settings, finish_run, heldout_eval, prepare_run, start_run
+    from klear.runs import (
+        cap_eval_batch_size,
+        check_prompt_context,
+        eval_settings,
+        finish_run,
+        heldout_eval,
+        prepare_run,
+        start_run,
+    )
     from klear.utils.plotting import RL_PANELS
 
     # GPPO, or plain TRL GRPO as the experiments' peer arm (both are GRPOConfig / GRPOTrainer subclasses)
@@ -216,8 +235,9 @@ def run_rl(
 
     t0 = time.time()  # datasets and prompt lengths are checked before the run directory exists
     train, heldout = _build_datasets(config["data"], seed)
-    context = int(getattr(setup.model_config, "max_position_embeddings", 0) or 0)
+    context = setup.context  # the recipe's context_length, else the checkpoint's max_position_embeddings
     eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
+    eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=context or int(eval_cfg["max_new_tokens"]))
     do_eval = heldout is not None and eval_cfg["enabled"]
     longest = check_prompt_context(
         tokenizer,

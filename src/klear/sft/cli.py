@@ -7,9 +7,9 @@ import argparse
 
 def _sft(ns: argparse.Namespace) -> int:
     from klear.runs import run_command
-    from klear.sft.job import run_sft
+    from klear.sft.job import plan_sft, run_sft
 
-    return run_command(ns, "sft", run_sft)
+    return run_command(ns, "sft", run_sft, plan_sft)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -45,7 +45,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer"}
+_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "context_length"}
 _DATA_KEYS = {
     "train",
     "heldout",
@@ -62,7 +62,7 @@ _DATA_KEYS = {
 # klear's SFT defaults under the recipe's trainer section: the loss on the response tokens only (paper Sec. 3.1)
 SFT_TRAINER_DEFAULTS = {"completion_only_loss": True}
 
-__all__ = ["format_compliant", "format_report", "run_sft", "validate_sft_config"]
+__all__ = ["format_compliant", "format_report", "plan_sft", "run_sft", "validate_sft_config"]
 
 
 def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
@@ -91,6 +91,7 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
     check_trainer_section(config["trainer"], KlearSFTConfig, source)
     if "seed" in config:
         check_int(source, "seed", config["seed"], 0)
+    check_int(source, "context_length", config.get("context_length"), 1, allow_none=True)
     for key in ("train_size", "heldout_size"):
         if key in config["data"]:
             check_int(source, f"data.{key}", config["data"][key], 1)
@@ -132,6 +133,16 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
     trainer_arguments(
         config, source=source, config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS, machine_checks=False
     )
+
+
+def plan_sft(config: dict[str, Any], *, source: str = "config", **target: Any):
+    """``klear sft --dry-run``: validate the recipe and print its per-GPU memory plan (:func:`klear.runs.dry_run`;
+    ``target``: ``gpus``, ``gpu_memory_gb``, ``strategy``). Returns the plan."""
+    from klear.runs import dry_run
+    from klear.sft.trainer import KlearSFTConfig
+
+    validate_sft_config(config, source)
+    return dry_run(config, source=source, config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS, **target)
 
 
 def _build_datasets(data: dict[str, Any], seed: int):
@@ -243,7 +254,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
 
     from klear.eval.heldout import paired_difference
     from klear.rl.callbacks import MetricsJsonlCallback
-    from klear.runs import eval_settings, finish_run, is_main_process, prepare_run, start_run
+    from klear.runs import cap_eval_batch_size, eval_settings, finish_run, is_main_process, prepare_run, start_run
     from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
     from klear.utils.plotting import SFT_PANELS
 
@@ -273,6 +284,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
             callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
         )
         eval_cfg = eval_settings(config, max_new_tokens=512, batch_size=32, seed=seed)
+        eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=setup.context or int(eval_cfg["max_new_tokens"]))
         do_eval = heldout is not None and eval_cfg["enabled"]
         model = trainer.accelerator.unwrap_model(trainer.model)
         before: dict[str, Any] | None = None
