@@ -441,7 +441,8 @@ class HFBackend:
         tokenizer: the model's tokenizer (loaded if omitted).
         batch_size: samples per ``generate`` call.
         dtype: ``"auto"`` (:func:`klear.precision.torch_dtype`: bfloat16 on a CUDA GPU with native bf16,
-            compute capability >= 8.0; float32 otherwise), ``"float32"``, ``"bfloat16"``, ``"float16"`` (the last two need CUDA).
+            compute capability >= 8.0; float32 otherwise), ``"float32"``, ``"bfloat16"``, ``"float16"`` (the
+            last two need CUDA).
         device: ``"cuda"``/``"cpu"``/...; default CUDA when available.
         model: an already loaded model (tests); then ``model_path`` is only recorded.
 
