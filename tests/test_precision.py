@@ -426,3 +426,82 @@ def test_gpu_vllm_rollouts_without_vllm_fail_in_one_line_before_any_model_loads(
     assert err.count("\n") == 1 and err.startswith("klear rl: error: ") and "recipe.yaml" in err, err
     assert message in err, err
     assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- sft_klear's FlashAttention
+
+
+def _sft_klear(tmp_path):
+    from klear.config import load_config
+
+    config, _ = load_config("sft_klear")
+    config["data"]["train"] = str(tmp_path / "sft.jsonl")
+    config["output_dir"] = str(tmp_path / "run")
+    return config
+
+
+def test_sft_klear_asks_for_flash_attention_and_validates_on_cpu(tmp_path, fake_gpu):
+    """The recipe sets the attention its padding-free packing is meant for; without a GPU it still validates (the
+    validators check GPU recipes on CPU), while the run itself refuses before any model loads."""
+    from klear.runs import trainer_arguments
+    from klear.sft.job import SFT_TRAINER_DEFAULTS, validate_sft_config
+    from klear.sft.trainer import KlearSFTConfig
+
+    config = _sft_klear(tmp_path)
+    assert config["trainer"]["packing"] is True
+    assert config["trainer"]["model_init_kwargs"] == {"attn_implementation": "flash_attention_2"}
+    fake_gpu(NO_GPU)
+    validate_sft_config(config, "sft_klear.yaml")
+    with pytest.raises(ValueError) as e:
+        trainer_arguments(
+            config, source="sft_klear.yaml", config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS
+        )
+    assert str(e.value) == (
+        "sft_klear.yaml: trainer.model_init_kwargs.attn_implementation=flash_attention_2 needs a CUDA GPU; none is "
+        "visible (set trainer.model_init_kwargs.attn_implementation=sdpa to run here)"
+    )
+    config["trainer"]["model_init_kwargs"]["attn_implementation"] = "sdpa"
+    _, _, args = trainer_arguments(
+        config, source="sft_klear.yaml", config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS
+    )
+    assert args.model_init_kwargs == {"attn_implementation": "sdpa"}
+
+
+@pytest.mark.parametrize(
+    "gpu, flash_attn, message",
+    [
+        (H100, True, None),
+        (A100, True, None),
+        (
+            H100,
+            False,
+            "flash_attention_2: the flash-attn package is not installed (pip install flash-attn --no-build-isolation, "
+            "or set trainer.model_init_kwargs.attn_implementation=sdpa)",
+        ),
+        (
+            T4,
+            True,
+            "flash_attention_2 needs compute capability >= 8.0; this GPU (Tesla T4) has compute capability 7.5 (set "
+            "trainer.model_init_kwargs.attn_implementation=sdpa)",
+        ),
+    ],
+)
+def test_sft_klear_on_a_gpu_refuses_a_missing_flash_attention_at_plan_time(
+    tmp_path, fake_gpu, monkeypatch, gpu, flash_attn, message
+):
+    """With a (faked) CUDA device the recipe validator (what `klear experiment` runs when it plans, and `klear sft`
+    before any work) checks that the FlashAttention kernel can run here."""
+    from klear.sft.job import validate_sft_config
+
+    monkeypatch.setattr(P, "_importable", lambda package: flash_attn and package == "flash_attn")
+    fake_gpu(gpu)
+    config = _sft_klear(tmp_path)
+    if message is None:
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)  # TrainingArguments picks the fake GPU
+        validate_sft_config(config, "sft_klear.yaml")
+        return
+    with pytest.raises(ValueError) as e:
+        validate_sft_config(config, "sft_klear.yaml")
+    assert str(e.value) == f"sft_klear.yaml: trainer.model_init_kwargs.attn_implementation={message}"

@@ -27,6 +27,7 @@ __all__ = [
     "resolve_trainer_precision",
     "torch_dtype",
     "cuda_device",
+    "check_attention_implementation",
     "BF16_MIN_CAPABILITY",
     "DTYPE_CHOICES",
     "set_cpu_runtime_defaults",
@@ -208,6 +209,58 @@ def torch_dtype(dtype: str = "auto", *, device: str | None = None):
     else:
         name = "float32"
     return getattr(torch, name)
+
+
+# FlashAttention implementations transformers loads from a package: (package to import, pip name, minimum compute
+# capability). FlashAttention 2 runs on Ampere and newer, FlashAttention 3 on Hopper.
+_FLASH_ATTENTION = {
+    "flash_attention_2": ("flash_attn", "flash-attn", (8, 0)),
+    "flash_attention_3": ("flash_attn_interface", "flash-attn-3", (9, 0)),
+}
+
+
+def _importable(package: str) -> bool:
+    """Whether ``package`` can be imported (found on the path; not imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
+
+
+def check_attention_implementation(implementation: Any, *, where: str, gpu_only: bool = False) -> None:
+    """Refuse, before any model loads, a FlashAttention implementation this machine cannot run.
+
+    ``flash_attention_2`` needs a CUDA GPU of compute capability >= 8.0 and the ``flash_attn`` package;
+    ``flash_attention_3`` capability >= 9.0 and ``flash_attn_interface``. Any other value (``sdpa``, ``eager``,
+    a hub kernel, ``None``) is left to transformers. ``gpu_only=True`` (the recipe validators) skips the check
+    without a CUDA GPU, so a GPU recipe still validates on a CPU machine.
+
+    Args:
+        implementation: the recipe's ``attn_implementation``.
+        where: the setting's name for the message (``"trainer.model_init_kwargs.attn_implementation"``).
+        gpu_only: check only where a CUDA GPU is visible.
+
+    Raises:
+        ValueError: one line naming the setting, the GPU (or its absence) and the fix.
+    """
+    if implementation not in _FLASH_ATTENTION:
+        return
+    package, pip_name, capability = _FLASH_ATTENTION[implementation]
+    gpu = cuda_device()
+    fix = f"set {where}=sdpa"
+    if gpu is None:
+        if gpu_only:
+            return
+        raise ValueError(f"{where}={implementation} needs a CUDA GPU; none is visible ({fix} to run here)")
+    if gpu.capability < capability:
+        raise ValueError(
+            f"{where}={implementation} needs compute capability >= {capability[0]}.{capability[1]}; "
+            f"{gpu.describe()} ({fix})"
+        )
+    if not _importable(package):
+        raise ValueError(
+            f"{where}={implementation}: the {pip_name} package is not installed "
+            f"(pip install {pip_name} --no-build-isolation, or {fix})"
+        )
 
 
 def set_cpu_runtime_defaults() -> None:

@@ -191,7 +191,10 @@ def trainer_arguments(
 
     With ``machine_checks=False`` (the validators) a precision this machine cannot run (``bf16: true`` without a
     CUDA GPU) is left to :func:`prepare_run`: a GPU recipe still validates on a laptop, and everything else in
-    it is checked as this machine would build it (vLLM-on-CPU settings are then not checked either).
+    it is checked as this machine would build it (vLLM-on-CPU settings are then not checked either). A
+    FlashAttention ``model_init_kwargs.attn_implementation`` is checked
+    (:func:`klear.precision.check_attention_implementation`) on a CUDA machine always, on a CPU one only by
+    :func:`prepare_run`.
 
     Returns:
         ``(trainer_cfg, precision, args)``: the resolved ``trainer`` section, the precision decision, and
@@ -215,6 +218,18 @@ def trainer_arguments(
         trainer_cfg, precision = resolve_trainer_precision(
             {k: v for k, v in config["trainer"].items() if k not in ("bf16", "fp16")}
         )
+    init_kwargs = trainer_cfg.get("model_init_kwargs")
+    if isinstance(init_kwargs, dict) and not other_machine:
+        from klear.precision import check_attention_implementation
+
+        try:  # a FlashAttention kernel this machine lacks: refused here, not when the model loads
+            check_attention_implementation(
+                init_kwargs.get("attn_implementation"),
+                where="trainer.model_init_kwargs.attn_implementation",
+                gpu_only=not machine_checks,
+            )
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
     if trainer_cfg.get("use_vllm") and not other_machine:
         from klear.integrations.vllm import cpu_rollout_settings, gpu_rollout_settings
 
