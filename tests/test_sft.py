@@ -127,6 +127,69 @@ def test_training_loss_is_token_mean_nll_of_response_tokens_over_the_optimizer_b
     assert abs(sum(micro_means) / 2 - expected) > 1e-3  # mean of micro-batch means
 
 
+class _Grads:
+    """The accumulated gradients just before each optimizer step."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        outer = self
+        self.steps: list[dict] = []
+
+        class CB(TrainerCallback):
+            def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+                outer.steps.append({k: p.grad.detach().clone() for k, p in model.named_parameters()})
+
+        self.callback = CB()
+
+
+@pytest.mark.parametrize("transformers_version", ["installed", "5.17.0"])
+def test_accumulated_gradient_is_the_one_batch_gradient(tiny_model, tmp_path, monkeypatch, transformers_version):
+    """2 micro-batches x 2 examples accumulate the gradient of ONE batch of 4 (token-mean over the step), on the
+    installed transformers and on one before 5.19 (faked: TRL 1.16 reads ``transformers.__version__`` and then, for
+    a trainer that sets ``loss_is_scaled_for_ga``, replaces ``compute_loss_func`` by a string; with that version
+    ``Trainer`` ignores ``loss_is_scaled_for_ga``, which a trainer that leaves it None cannot tell apart)."""
+    import copy
+
+    import transformers
+
+    from klear.sft.trainer import KlearSFTTrainer
+
+    if transformers_version != "installed":
+        monkeypatch.setattr(transformers, "__version__", transformers_version)
+    model, tok = tiny_model
+    grads, losses = [], []
+    for batch, accumulation in ((2, 2), (4, 1)):
+        recorder, logs = _Grads(), _Logs()
+        trainer = KlearSFTTrainer(
+            model=copy.deepcopy(model),
+            args=_args(
+                tmp_path,
+                per_device_train_batch_size=batch,
+                gradient_accumulation_steps=accumulation,
+                train_sampling_strategy="sequential",
+                max_grad_norm=0.0,  # no clipping: it would hide a scale error
+            ),
+            train_dataset=_pc_dataset(),
+            processing_class=tok,
+            callbacks=[recorder.callback, logs.callback],
+        )
+        trainer.train()
+        assert len(recorder.steps) == 1
+        grads.append(recorder.steps[0])
+        losses.append(logs.rows[0]["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    for name, one_batch in grads[1].items():
+        assert float(one_batch.abs().max()) > 0, name
+        assert torch_allclose(grads[0][name], one_batch), name
+
+
+def torch_allclose(a, b) -> bool:
+    import torch
+
+    return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-7))
+
+
 def test_packing_gives_the_same_loss(tiny_model, tmp_path, embedded_path):
     """Best-fit packing keeps attention inside each example: the same loss as the padded batch."""
     from klear.models.embedded import tiny_random_model

@@ -1,15 +1,19 @@
 """Device and precision: the one rule every stage follows (``klear rl``, ``klear sft``, ``klear eval``).
 
-``bf16: auto`` (the default everywhere) means bfloat16 mixed precision on a CUDA GPU that
-supports it, and float32 otherwise. On a CPU every stage runs in float32: CPU bf16 autocast is
-slow (3.5x per RL step measured on a 2-core machine) and breaks the on-policy ratio, because the
-rollout's ``old_log_prob`` and the training forward then round differently (first-step
-``ratio_max`` 1.14 instead of 1.0). An explicit ``bf16: true`` (or ``fp16: true``) without a CUDA
-GPU is an error raised before any model loads.
+``bf16: auto`` (the default everywhere) means bfloat16 mixed precision on a CUDA GPU with NATIVE
+bf16 (compute capability >= 8.0: A100, H100, L4, RTX 30xx and newer), and float32 otherwise. A GPU below
+8.0 (V100 7.0, T4 7.5) only emulates bf16 (``torch.cuda.is_bf16_supported()`` counts that as support; this
+rule does not): no bf16 tensor cores, and vLLM refuses bfloat16 there. On such a GPU ``bf16: auto`` is
+float32; float16 is used only when the recipe asks (``fp16: true``). On a CPU every stage runs in float32:
+CPU bf16 autocast is slow (3.5x per RL step measured on a 2-core machine) and breaks the on-policy ratio,
+because the rollout's ``old_log_prob`` and the training forward then round differently (first-step
+``ratio_max`` 1.14 instead of 1.0). An explicit ``bf16: true`` without a CUDA GPU of capability >= 8.0
+(the message names the GPU and its capability), or ``fp16: true`` without a CUDA GPU, is an error raised
+before any model loads.
 
 :func:`resolve_precision` decides; :func:`resolve_trainer_precision` applies the decision to a
 TRL/transformers ``TrainingArguments`` section; :func:`torch_dtype` gives the dtype for loading a
-model (``klear eval``'s ``--dtype auto``).
+model (``klear eval``'s ``--dtype auto``); :func:`cuda_device` is the one place the GPU is asked.
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ __all__ = [
     "resolve_precision",
     "resolve_trainer_precision",
     "torch_dtype",
+    "cuda_device",
+    "check_attention_implementation",
+    "BF16_MIN_CAPABILITY",
     "DTYPE_CHOICES",
     "set_cpu_runtime_defaults",
 ]
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+#: CUDA compute capability from which a GPU has native bf16 (Ampere, sm_80); below it bf16 is emulated.
+BF16_MIN_CAPABILITY = (8, 0)
 
 
 @dataclass(frozen=True)
@@ -59,30 +68,64 @@ class Precision:
         return f"precision: {self.dtype} on {self.device} (requested: {self.requested})"
 
 
-def _cuda() -> tuple[bool, bool]:
-    """``(a CUDA GPU is visible, it supports bf16)``."""
+@dataclass(frozen=True)
+class CudaDevice:
+    """The visible CUDA device this process computes on (``torch.cuda``'s current device).
+
+    Attributes:
+        name: e.g. ``"Tesla V100-SXM2-32GB"``.
+        capability: compute capability ``(major, minor)``, e.g. ``(7, 0)``.
+    """
+
+    name: str
+    capability: tuple[int, int]
+
+    @property
+    def native_bf16(self) -> bool:
+        """Whether the GPU computes in bf16 natively (capability >= :data:`BF16_MIN_CAPABILITY`)."""
+        return self.capability >= BF16_MIN_CAPABILITY
+
+    def describe(self) -> str:
+        """E.g. ``"this GPU (Tesla T4) has compute capability 7.5"``."""
+        return f"this GPU ({self.name}) has compute capability {self.capability[0]}.{self.capability[1]}"
+
+
+def cuda_device() -> CudaDevice | None:
+    """The current CUDA device, or ``None`` without a visible CUDA GPU.
+
+    The one place klear asks torch about the GPU's precision support: ``torch.cuda.is_bf16_supported()`` is
+    not used because it also returns true where bf16 is only emulated (V100, T4).
+    """
     import torch
 
     if not torch.cuda.is_available():
-        return False, False
-    return True, bool(torch.cuda.is_bf16_supported())
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return CudaDevice(str(torch.cuda.get_device_name()), (int(major), int(minor)))
+
+
+def _bf16_refusal(what: str, gpu: CudaDevice | None, fix: str) -> str:
+    """Why ``what`` (e.g. ``"trainer.bf16=true"``) cannot run on this machine, and ``fix``: one line."""
+    found = "none is visible" if gpu is None else gpu.describe()
+    return f"{what} needs a CUDA GPU with native bf16 (compute capability >= 8.0); {found} ({fix})"
 
 
 def resolve_precision(bf16: Any = "auto", *, fp16: Any = False, where: str = "trainer") -> Precision:
     """Decide device and compute dtype from a recipe's ``bf16`` / ``fp16`` settings.
 
     Args:
-        bf16: ``"auto"`` or ``None`` (bf16 on a CUDA GPU that supports it, float32 otherwise),
-            ``True`` (bf16; needs such a GPU) or ``False`` (float32, or fp16 if ``fp16``).
-        fp16: ``True`` for float16 mixed precision (needs a CUDA GPU; not with ``bf16: true``).
+        bf16: ``"auto"`` or ``None`` (bf16 on a CUDA GPU with native bf16, i.e. compute capability >= 8.0;
+            float32 otherwise, including a 7.x GPU), ``True`` (bf16; needs such a GPU) or ``False`` (float32, or
+            fp16 if ``fp16``).
+        fp16: ``True`` for float16 mixed precision (needs a CUDA GPU, any capability; not with ``bf16: true``).
         where: the recipe section, for error messages (``"trainer"``).
 
     Returns:
         The :class:`Precision`.
 
     Raises:
-        ValueError: a value other than true/false/auto, bf16 or fp16 asked for without a CUDA GPU (or bf16 on
-            a GPU without bf16 support), or both asked for.
+        ValueError: a value other than true/false/auto, bf16 or fp16 asked for without a CUDA GPU, bf16 asked
+            for on a GPU below compute capability 8.0 (the message names the GPU and its capability), or both.
     """
     if bf16 is None:
         bf16 = "auto"
@@ -92,7 +135,7 @@ def resolve_precision(bf16: Any = "auto", *, fp16: Any = False, where: str = "tr
         fp16 = False
     if not isinstance(fp16, bool):
         raise ValueError(f"{where}.fp16={fp16!r} must be true or false")
-    gpu, gpu_bf16 = _cuda()
+    gpu = cuda_device()
     device = "cuda" if gpu else "cpu"
     if fp16:
         if bf16 is True:
@@ -100,13 +143,15 @@ def resolve_precision(bf16: Any = "auto", *, fp16: Any = False, where: str = "tr
         if not gpu:
             raise ValueError(f"{where}.fp16=true needs a CUDA GPU; none is visible (float32 is used on CPU)")
         return Precision(device, "float16", requested="fp16")
-    if bf16 is True and not gpu_bf16:
-        why = "none is visible" if not gpu else "this GPU does not support bf16"
-        raise ValueError(
-            f"{where}.bf16=true needs a CUDA GPU with bf16; {why} (use bf16: auto, which means float32 "
-            "here: CPU bf16 autocast is slow and breaks the on-policy ratio)"
+    native_bf16 = gpu is not None and gpu.native_bf16
+    if bf16 is True and not native_bf16:
+        fix = (
+            "use bf16: auto, which means float32 here: CPU bf16 autocast is slow and breaks the on-policy ratio"
+            if gpu is None
+            else "use bf16: auto, which means float32 on it, or fp16: true"
         )
-    use_bf16 = gpu_bf16 if bf16 == "auto" else bf16
+        raise ValueError(_bf16_refusal(f"{where}.bf16=true", gpu, fix))
+    use_bf16 = native_bf16 if bf16 == "auto" else bf16
     return Precision(device, "bfloat16" if use_bf16 else "float32", requested=bf16)
 
 
@@ -136,12 +181,14 @@ def resolve_trainer_precision(trainer_cfg: dict[str, Any], where: str = "trainer
 def torch_dtype(dtype: str = "auto", *, device: str | None = None):
     """The ``torch.dtype`` to load a model in for inference (``klear eval --dtype``).
 
-    ``"auto"`` follows :func:`resolve_precision` (bf16 on a CUDA GPU with bf16, float32 otherwise;
-    float32 whenever ``device`` is given and is not CUDA). An explicit ``"bfloat16"``/``"float16"`` needs
-    a CUDA GPU, as in training; ``"float32"`` is always allowed.
+    ``"auto"`` follows :func:`resolve_precision` (bf16 on a CUDA GPU with native bf16, compute capability
+    >= 8.0; float32 otherwise, and whenever ``device`` is given and is not CUDA). An explicit ``"bfloat16"``
+    needs such a GPU, as in training (vLLM refuses bfloat16 below 8.0); ``"float16"`` needs a CUDA GPU;
+    ``"float32"`` is always allowed.
 
     Raises:
-        ValueError: a name outside :data:`DTYPE_CHOICES`, or bf16/fp16 without a CUDA device.
+        ValueError: a name outside :data:`DTYPE_CHOICES`, bf16 without a GPU of capability >= 8.0 (naming the
+            GPU's), or fp16 without a CUDA device.
     """
     import torch
 
@@ -151,17 +198,69 @@ def torch_dtype(dtype: str = "auto", *, device: str | None = None):
     if dtype == "auto":
         name = "float32" if on_cpu else resolve_precision("auto").dtype
     elif dtype != "float32":
-        gpu, gpu_bf16 = _cuda()
-        if on_cpu or not (gpu_bf16 if dtype == "bfloat16" else gpu):
-            where = f"device {device!r}" if on_cpu else "none is visible" if not gpu else "this GPU has no bf16"
-            raise ValueError(
-                f"--dtype {dtype} needs a CUDA GPU{' with bf16' if dtype == 'bfloat16' else ''}; "
-                f"{where} (--dtype auto means float32 here)"
-            )
+        gpu = None if on_cpu else cuda_device()
+        if on_cpu or gpu is None:
+            where = f"device {device!r} is not one" if on_cpu else "none is visible"
+            raise ValueError(f"--dtype {dtype} needs a CUDA GPU; {where} (--dtype auto means float32 here)")
+        if dtype == "bfloat16" and not gpu.native_bf16:
+            fix = "--dtype auto means float32 on it; or --dtype float16"
+            raise ValueError(_bf16_refusal("--dtype bfloat16", gpu, fix))
         name = dtype
     else:
         name = "float32"
     return getattr(torch, name)
+
+
+# FlashAttention implementations transformers loads from a package: (package to import, pip name, minimum compute
+# capability). FlashAttention 2 runs on Ampere and newer, FlashAttention 3 on Hopper.
+_FLASH_ATTENTION = {
+    "flash_attention_2": ("flash_attn", "flash-attn", (8, 0)),
+    "flash_attention_3": ("flash_attn_interface", "flash-attn-3", (9, 0)),
+}
+
+
+def _importable(package: str) -> bool:
+    """Whether ``package`` can be imported (found on the path; not imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
+
+
+def check_attention_implementation(implementation: Any, *, where: str, gpu_only: bool = False) -> None:
+    """Refuse, before any model loads, a FlashAttention implementation this machine cannot run.
+
+    ``flash_attention_2`` needs a CUDA GPU of compute capability >= 8.0 and the ``flash_attn`` package;
+    ``flash_attention_3`` capability >= 9.0 and ``flash_attn_interface``. Any other value (``sdpa``, ``eager``,
+    a hub kernel, ``None``) is left to transformers. ``gpu_only=True`` (the recipe validators) skips the check
+    without a CUDA GPU, so a GPU recipe still validates on a CPU machine.
+
+    Args:
+        implementation: the recipe's ``attn_implementation``.
+        where: the setting's name for the message (``"trainer.model_init_kwargs.attn_implementation"``).
+        gpu_only: check only where a CUDA GPU is visible.
+
+    Raises:
+        ValueError: one line naming the setting, the GPU (or its absence) and the fix.
+    """
+    if implementation not in _FLASH_ATTENTION:
+        return
+    package, pip_name, capability = _FLASH_ATTENTION[implementation]
+    gpu = cuda_device()
+    fix = f"set {where}=sdpa"
+    if gpu is None:
+        if gpu_only:
+            return
+        raise ValueError(f"{where}={implementation} needs a CUDA GPU; none is visible ({fix} to run here)")
+    if gpu.capability < capability:
+        raise ValueError(
+            f"{where}={implementation} needs compute capability >= {capability[0]}.{capability[1]}; "
+            f"{gpu.describe()} ({fix})"
+        )
+    if not _importable(package):
+        raise ValueError(
+            f"{where}={implementation}: the {pip_name} package is not installed "
+            f"(pip install {pip_name} --no-build-isolation, or {fix})"
+        )
 
 
 def set_cpu_runtime_defaults() -> None:

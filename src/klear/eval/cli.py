@@ -102,7 +102,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--dtype",
         choices=["auto", "float32", "bfloat16", "float16"],
         default="auto",
-        help="auto: bfloat16 on a CUDA GPU with bf16, float32 otherwise; bfloat16/float16 need a GPU",
+        help="auto: bfloat16 on a CUDA GPU with native bf16 (compute capability >= 8.0), float32 otherwise; "
+        "bfloat16 needs such a GPU, float16 any CUDA GPU",
     )
     e.add_argument(
         "--cpu-threads",

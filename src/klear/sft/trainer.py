@@ -13,7 +13,8 @@ What it adds to ``trl.SFTTrainer`` (TRL 1.16):
   its length, exactly as if the step were one batch. TRL divides each micro-batch's summed NLL by
   ``num_items_in_batch``, which ``transformers.Trainer`` counts over the step's micro-batches only
   when it believes the model "accepts loss kwargs"; this trainer forces that counting for every
-  model, and says the loss is already scaled for gradient accumulation.
+  model, which also tells ``Trainer.training_step`` the loss is already scaled for gradient
+  accumulation (the same rule on transformers before and after 5.19, see the class body).
 * **Cosine-to-floor schedule** (paper Sec. 4.1: max LR 8e-5, cosine decay to a floor of 4e-5), set
   by ``lr_floor``; see :func:`cosine_to_floor_lr`. The LR is EXACTLY ``learning_rate`` at the last
   warm-up step and EXACTLY ``lr_floor`` at the last optimizer step (``transformers``'
@@ -110,10 +111,11 @@ class KlearSFTTrainer(LifecycleMixin, SFTTrainer):
 
     args: KlearSFTConfig
 
-    # TRL's compute_loss divides the summed NLL by num_items_in_batch (the whole step's tokens),
-    # so training_step must not divide by the number of accumulation steps again.
-    # (TRL's _BaseTrainer leaves it unannotated as None, so mypy infers type None; TRL's own trainers set bools.)
-    loss_is_scaled_for_ga = True  # type: ignore[assignment]
+    # No loss_is_scaled_for_ga here (it stays None): transformers < 5.19 does not read it, and TRL 1.16 then
+    # emulates True by setting compute_loss_func to a string, which SFTTrainer.compute_loss calls (TypeError).
+    # With it None, every transformers version applies the same rule: the loss counts as scaled for gradient
+    # accumulation iff model_accepts_loss_kwargs and num_items_in_batch is not None, which is exactly when TRL's
+    # SFT loss divides by num_items_in_batch (the whole step's tokens) instead of the micro-batch's own count.
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
