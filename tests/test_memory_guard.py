@@ -149,7 +149,13 @@ def test_guard_names_the_micro_batch_fix(checkpoint, fake_gpu, tmp_path, monkeyp
 def test_cpu_runs_are_not_planned(checkpoint, tmp_path, monkeypatch, capsys):
     config, _ = load_config(
         "sft_klear",
-        [f"model={checkpoint}", f"output_dir={tmp_path / 'run'}", "data.train=x.jsonl", "trainer.bf16=auto"],
+        [
+            f"model={checkpoint}",
+            f"output_dir={tmp_path / 'run'}",
+            "data.train=x.jsonl",
+            "trainer.bf16=auto",
+            "trainer.model_init_kwargs.attn_implementation=sdpa",
+        ],  # flash-attention needs a GPU
     )
     from klear.sft.job import SFT_TRAINER_DEFAULTS
     from klear.sft.trainer import KlearSFTConfig
