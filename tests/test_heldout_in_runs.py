@@ -134,3 +134,94 @@ def test_sampled_evaluation_leaves_every_cuda_rng_alone(tiny_model, monkeypatch)
     assert torch.equal(torch.get_rng_state(), before_cpu)
     fake._seed_all(1)  # the fake is live: what manual_seed does to it is visible
     assert fake.snapshot() != before_cuda
+
+
+class _SecondOfTwo:
+    is_main_process, num_processes, process_index = False, 2, 1
+
+
+def _fake_trainer(distributed_type, model):
+    import types
+
+    accelerator = types.SimpleNamespace(distributed_type=distributed_type)
+    args = types.SimpleNamespace(bf16=False, fp16=False, gradient_checkpointing_kwargs={"use_reentrant": False})
+    return types.SimpleNamespace(accelerator=accelerator, args=args, model_wrapped=model)
+
+
+def test_multi_process_fsdp_evaluation_is_refused(tmp_path, monkeypatch):
+    """H2: under FSDP every forward pass gathers shards, so processes decoding different batches would hang: refused
+    with one line, before any decoding."""
+    import accelerate
+    from accelerate.utils import DistributedType
+
+    from klear.runs import heldout_eval
+
+    monkeypatch.setattr(accelerate, "PartialState", _SecondOfTwo)
+    trainer = _fake_trainer(DistributedType.FSDP, torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="cannot run under FSDP on several processes"):
+        heldout_eval(
+            None,
+            None,
+            [],
+            {"max_new_tokens": 1, "batch_size": 1},
+            path=tmp_path / "e.json",
+            reuse=False,
+            trainer=trainer,
+        )
+
+
+def test_trainer_evaluation_decodes_the_model_unwrapped_for_generation(tmp_path, tiny_model, monkeypatch):
+    """H2: with a trainer, the evaluation decodes inside TRL's ``unwrap_model_for_generation`` of the trainer's
+    wrapped model (which gathers ZeRO-3 parameters on every process), not the module passed in."""
+    import contextlib
+
+    import trl.models.utils
+    from accelerate.utils import DistributedType
+
+    from klear.runs import heldout_eval
+
+    model, tok = tiny_model
+    entered = []
+
+    @contextlib.contextmanager
+    def unwrap(wrapped, accelerator, gradient_checkpointing_kwargs=None, **kwargs):
+        entered.append((wrapped, accelerator, gradient_checkpointing_kwargs))
+        yield model
+
+    monkeypatch.setattr(trl.models.utils, "unwrap_model_for_generation", unwrap)
+    wrapped = object()  # stands for a DeepSpeed engine: calling it would fail
+    trainer = _fake_trainer(DistributedType.DEEPSPEED, wrapped)
+    result = heldout_eval(
+        None,
+        tok,
+        math_rows(2),
+        {"max_new_tokens": 2, "batch_size": 2},
+        path=tmp_path / "e.json",
+        reuse=False,
+        trainer=trainer,
+    )
+    assert entered == [(wrapped, trainer.accelerator, {"use_reentrant": False})]
+    assert result["n"] == 2 and result["eval_dtype"] == "float32" and result["eval_backend"] == "hf"
+
+
+def test_a_failing_process_fails_every_process():
+    """H2: an error in one process's batch reaches every process at the round's gather (no process is left waiting
+    for the others until ddp_timeout)."""
+    from klear.eval.heldout import decode_in_rounds
+
+    rounds = []
+
+    def gather(items):  # process 0's view: process 1's batch of this round raised
+        rounds.append(items)
+        return [*items, (items[0][0] + 1, None, "ValueError: judge crashed")]
+
+    with pytest.raises(RuntimeError, match=r"batch 1: ValueError: judge crashed"):
+        decode_in_rounds(4, lambda j: [f"text {j}"], process_index=0, num_processes=2, gather=gather)
+    assert rounds == [[(0, ["text 0"], None)]]  # stopped after the first round
+
+    def ok(items):  # process 1 takes batches 1, 3 (round-robin); process 0's items arrive with its own
+        return [(items[0][0] - 1, [f"text {items[0][0] - 1}"], None), *items]
+
+    assert decode_in_rounds(4, lambda j: [f"text {j}"], process_index=1, num_processes=2, gather=ok) == [
+        [f"text {j}"] for j in range(4)
+    ]
