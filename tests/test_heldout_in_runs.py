@@ -225,3 +225,14 @@ def test_a_failing_process_fails_every_process():
     assert decode_in_rounds(4, lambda j: [f"text {j}"], process_index=1, num_processes=2, gather=ok) == [
         [f"text {j}"] for j in range(4)
     ]
+
+
+def test_before_and_after_in_different_precisions_are_not_paired():
+    """S1: a resumed run's saved "before" decoded in another dtype is an error, never a paired difference."""
+    from klear.runs import eval_fields
+
+    after = {"eval_dtype": "bfloat16", "eval_backend": "hf"}
+    assert eval_fields({}, after) == after  # a "before" saved before these fields existed
+    assert eval_fields(dict(after), after) == after
+    with pytest.raises(ValueError, match="eval_before.json has eval_dtype='float32' but the evaluation after"):
+        eval_fields({"eval_dtype": "float32", "eval_backend": "hf"}, after)
