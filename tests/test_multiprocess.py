@@ -1,5 +1,6 @@
 """A real 2-process ``klear rl`` run (``accelerate launch --multi_gpu --num_processes 2``, CPU, gloo): only the
-main process writes the run's files, and the trained model equals a 1-process run's with the same global batch.
+main process writes the run's files, both processes share the held-out evaluation (whose result is the 1-process
+run's), and the trained model equals a 1-process run's with the same global batch.
 
 The processes are launched the way users launch them (README "multi-GPU"), on CPU with CUDA hidden, so the
 collectives are torch.distributed's gloo backend.
@@ -61,7 +62,8 @@ def _recipe(tmp_path: Path, ckpt: Path) -> Path:
         "output_dir": str(tmp_path / "run"),
         "seed": 0,
         "data": {"train": str(train), "heldout": str(heldout)},
-        "eval": {"max_new_tokens": 4, "batch_size": 4},
+        # sampled held-out evaluation in batches of one problem's 2 samples: 4 batches, 2 per process
+        "eval": {"max_new_tokens": 4, "batch_size": 2, "n_samples": 2, "temperature": 1.0},
         "trainer": {
             "num_generations": 2,
             "per_device_train_batch_size": 2,  # per process; the 1-process run takes 4
@@ -142,7 +144,17 @@ def test_two_process_run_writes_once_and_matches_one_process(tmp_path, tiny_ckpt
     for name in ("eval_before.json", "eval_after.json"):
         assert json.loads((two / name).read_text())["n"] == 4
     assert json.loads((two / "eval.json").read_text())["steps"] == 2
-    assert two_out.count("training curves:") == 1 and two_out.count("held-out greedy accuracy (n=4)") == 1
+    assert two_out.count("training curves:") == 1
+    assert two_out.count("held-out avg@2 accuracy (temperature 1) (n=4)") == 1
+
+    # Held-out evaluation: each process decoded its share (2 of the 4 problems), and the result (samples
+    # included) is the 1-process run's: the same batches, each seeded by its own index.
+    for rank in (0, 1):
+        assert two_out.count(f"held-out evaluation: process {rank} of 2 decoded 2 of 4 problems") == 2  # before, after
+    assert "held-out evaluation: process" not in one_out
+    before_two, before_one = (json.loads((run / "eval_before.json").read_text()) for run in (two, one))
+    assert len(set(before_one["completions"])) > 1  # sampled: varied completions to compare
+    assert before_two == before_one
     assert one_out.count("training curves:") == 1
 
     # Metrics are combined over both processes: the same numbers as one process logging the whole batch.

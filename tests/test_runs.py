@@ -88,43 +88,60 @@ class _MainRank:
     is_main_process, num_processes, process_index = True, 2, 0
 
 
-def test_only_the_main_process_writes_run_files_and_evaluates(tmp_path, monkeypatch, capsys):
+def test_only_the_main_process_writes_run_files_and_every_process_evaluates(tmp_path, monkeypatch, capsys):
+    """Every process decodes its share of the held-out problems (``evaluate`` with its process index and
+    ``gather_object``); only the main process writes the result; a saved result (resume) is read by the main
+    process and sent to the others."""
     import accelerate
     import accelerate.utils
+    import torch
 
     import klear.eval.heldout
     from klear.runs import heldout_eval
 
     main_result = {"accuracy": 0.5, "n": 2, "correct": [True, False]}
-    sent = []
+    sent, evaluated = [], []
 
     def broadcast(objs, from_process=0):  # what the main process sends
         sent.append(list(objs))
-        objs[0] = main_result
+        objs[0] = saved[0]
         return objs
 
     def evaluate(*a, **k):
-        evaluated.append(1)
+        evaluated.append((k["process_index"], k["num_processes"], k["gather"], k["compute_dtype"]))
         return dict(main_result)
 
-    evaluated = []
+    saved = [None]
     monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast)
     monkeypatch.setattr(klear.eval.heldout, "evaluate", evaluate)
-    kw = dict(eval_cfg={"max_new_tokens": 4, "batch_size": 2}, reuse=False)
+    model = torch.nn.Linear(2, 2)
+    kw = dict(eval_cfg={"max_new_tokens": 4, "batch_size": 2}, reuse=True)
+    path = tmp_path / "run" / "eval_before.json"
+    expected = {**main_result, "eval_dtype": "float32", "eval_backend": "hf"}
 
     monkeypatch.setattr(accelerate, "PartialState", _OtherRank)
     run = start_run(tmp_path / "run", CONFIG, {"learning_rate": 1e-6}, Precision("cpu", "float32"), stage="rl")
     assert not (tmp_path / "run").exists() and run.created == () and capsys.readouterr().out == ""
     (tmp_path / "run").mkdir()
-    got = heldout_eval(None, None, [{"prompt": "x"}], path=tmp_path / "run" / "eval_before.json", **kw)
-    assert got == main_result and evaluated == [] and sent == [[None]]  # received, not computed
-    assert not (tmp_path / "run" / "eval_before.json").exists()
+    got = heldout_eval(model, None, [{"prompt": "x"}], path=path, **kw)
+    assert got == expected and sent == [[None]]  # nothing saved: computed, its share
+    assert evaluated == [(1, 2, accelerate.utils.gather_object, None)]
+    assert not path.exists()
 
     monkeypatch.setattr(accelerate, "PartialState", _MainRank)
+    sent.clear(), evaluated.clear()
+    got = heldout_eval(model, None, [{"prompt": "x"}], path=path, **kw)
+    assert evaluated == [(0, 2, accelerate.utils.gather_object, None)] and got == expected
+    assert json.loads(path.read_text()) == expected
+
+    sent.clear(), evaluated.clear()
+    saved[0] = expected
+    got = heldout_eval(model, None, [{"prompt": "x"}], path=path, **kw)  # resume: the main process reads it
+    assert evaluated == [] and sent == [[expected]] and got == expected
+    monkeypatch.setattr(accelerate, "PartialState", _OtherRank)
     sent.clear()
-    got = heldout_eval(None, None, [{"prompt": "x"}], path=tmp_path / "run" / "eval_before.json", **kw)
-    assert evaluated == [1] and sent == [[main_result]] and got == main_result
-    assert json.loads((tmp_path / "run" / "eval_before.json").read_text()) == main_result
+    got = heldout_eval(model, None, [{"prompt": "x"}], path=path, **kw)  # and the others receive it
+    assert evaluated == [] and sent == [[None]] and got == expected
 
 
 @pytest.mark.parametrize("stage", ["rl", "sft"])

@@ -19,8 +19,8 @@ against the run's model (:func:`check_checkpoint_model`); a rejected run writes 
 that fails after :func:`start_run` but before training starts removes the directory it created
 (:meth:`RunDir.removed_on_failure`; never a directory that existed before, never a resumed run's).
 
-In a multi-process run (``accelerate launch``) only the main process writes the run files and runs
-the held-out evaluation (:func:`is_main_process`); the other ranks receive its result.
+In a multi-process run (``accelerate launch``) only the main process writes the run files
+(:func:`is_main_process`); every process takes part in the held-out evaluation (:func:`heldout_eval`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ __all__ = [
     "run_context",
     "finish_run",
     "format_paired",
+    "eval_dtype",
+    "eval_fields",
+    "evaluation_processes",
     "heldout_eval",
     "is_main_process",
     "prepare_run",
@@ -526,22 +529,30 @@ def start_run(
 
 
 def heldout_eval(
-    model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: Path, reuse: bool, annotate=None
+    model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: Path, reuse: bool, annotate=None, trainer=None
 ) -> dict[str, Any]:
     """Held-out evaluation (:func:`klear.eval.heldout.evaluate`: greedy, or ``eval_cfg["n_samples"]`` samples at
     ``eval_cfg["temperature"]`` with sampling seed ``eval_cfg["seed"]``) saved to ``path`` (reused on resume).
 
-    Only the main process evaluates and writes ``path``; in a multi-process run the other ranks wait
-    and receive its result (``accelerate.utils.broadcast_object_list``), so a long evaluation needs
-    ``trainer.ddp_timeout`` (seconds, default 1800) above its duration.
+    Every process takes part (:func:`evaluation_processes`): in a multi-process run the problems' batches are
+    shared out, and every process gets the whole result, equal to a 1-process evaluation's. With ``trainer``, the
+    evaluation decodes the trainer's model as it stands (:func:`trainer_model_for_generation`: ZeRO-3
+    parameters gathered) in the training's compute dtype (:func:`eval_dtype`), the same before ``train()`` and
+    after; the result records ``eval_dtype`` and ``eval_backend`` (``"hf"``). Only the main process writes
+    ``path``; a reused result is read there and sent to the others.
 
     Args:
-        model, tokenizer: the model under training and its tokenizer (its training flag is restored).
+        model, tokenizer: the model under training and its tokenizer (its training flag is restored); with
+            ``trainer``, the model is taken from the trainer instead.
         heldout: rows in the verl RL layout.
         eval_cfg: :func:`eval_settings` (``max_new_tokens``, ``batch_size``, ``n_samples``, ``temperature``, ``seed``).
         path: the JSON file written (``eval_before.json`` / ``eval_after.json``).
         reuse: return the saved result when ``path`` exists (a resumed run keeps its "before").
         annotate: optional ``fn(result) -> None`` adding stage-specific fields before saving.
+        trainer: the run's trainer (``accelerator``, ``args``, ``model_wrapped``), or ``None`` (``model`` as is).
+
+    Raises:
+        ValueError: a multi-process FSDP run (:func:`evaluation_processes`).
     """
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
@@ -549,28 +560,104 @@ def heldout_eval(
     from klear.eval.heldout import evaluate
 
     path = Path(path)
-    result = None
-    if is_main_process():
-        if reuse and path.is_file():
-            result = json.loads(path.read_text())
-        else:
-            result = evaluate(
-                model,
-                tokenizer,
-                heldout,
-                max_new_tokens=int(eval_cfg["max_new_tokens"]),
-                batch_size=int(eval_cfg["batch_size"]),
-                n_samples=int(eval_cfg.get("n_samples", 1)),
-                temperature=float(eval_cfg.get("temperature", 0.0)),
-                seed=int(eval_cfg.get("seed", 0)),
-            )
-            if annotate is not None:
-                annotate(result)
-            path.write_text(json.dumps(result, indent=1))
+    processes = evaluation_processes(trainer)
+    saved = None
+    if is_main_process() and reuse and path.is_file():
+        saved = json.loads(path.read_text())
     if PartialState().num_processes > 1:
-        result = broadcast_object_list([result])[0]
-    assert result is not None  # evaluated here (main process) or received from the main process
+        saved = broadcast_object_list([saved])[0]
+    if saved is not None:
+        return saved
+    dtype = eval_dtype(trainer)
+    with trainer_model_for_generation(trainer, model) as decoded:
+        result = evaluate(
+            decoded,
+            tokenizer,
+            heldout,
+            max_new_tokens=int(eval_cfg["max_new_tokens"]),
+            batch_size=int(eval_cfg["batch_size"]),
+            n_samples=int(eval_cfg.get("n_samples", 1)),
+            temperature=float(eval_cfg.get("temperature", 0.0)),
+            seed=int(eval_cfg.get("seed", 0)),
+            show_progress=is_main_process(),
+            compute_dtype=dtype,
+            **processes,
+        )
+    result.update(eval_dtype=dtype or str(next(decoded.parameters()).dtype).removeprefix("torch."), eval_backend="hf")
+    if annotate is not None:
+        annotate(result)
+    if is_main_process():
+        path.write_text(json.dumps(result, indent=1))
     return result
+
+
+def eval_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """``eval.json``'s ``eval_dtype`` and ``eval_backend``: those of the "after" evaluation (a resumed run's saved
+    "before" predating them has none).
+
+    Raises:
+        ValueError: "before" was decoded in another dtype or backend than "after" (the paired difference would
+            compare two precisions).
+    """
+    fields = {key: after.get(key) for key in ("eval_dtype", "eval_backend")}
+    for key, value in fields.items():
+        if key in before and before[key] != value:
+            raise ValueError(
+                f"eval_before.json has {key}={before[key]!r} but the evaluation after training {value!r}: the paired "
+                "difference needs both in one precision and backend (rerun without --resume)"
+            )
+    return fields
+
+
+def eval_dtype(trainer) -> str | None:
+    """The compute dtype of a run's held-out evaluations: the training's mixed precision (``trainer.args.bf16`` /
+    ``fp16``, as :mod:`klear.precision` resolved them): ``"bfloat16"``, ``"float16"`` or ``"float32"``; ``None``
+    without a trainer (the weights' dtype)."""
+    if trainer is None:
+        return None
+    args = trainer.args
+    return "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else "float32"
+
+
+def evaluation_processes(trainer) -> dict[str, Any]:
+    """``evaluate``'s ``process_index``, ``num_processes`` and ``gather`` for this run (accelerate's state).
+
+    Raises:
+        ValueError: several processes under FSDP: every forward pass of an FSDP module is a collective, so the
+            processes would have to decode the same number of steps; evaluation there is not supported yet.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType, gather_object
+
+    state = PartialState()
+    if state.num_processes == 1:
+        return {"process_index": 0, "num_processes": 1, "gather": None}
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is not None and accelerator.distributed_type == DistributedType.FSDP:
+        raise ValueError(
+            "held-out evaluation with HF generate cannot run under FSDP on several processes (each forward pass "
+            "gathers the shards: the processes would have to decode in lockstep); use DeepSpeed ZeRO-3, or set "
+            "eval.enabled: false"
+        )
+    return {"process_index": state.process_index, "num_processes": state.num_processes, "gather": gather_object}
+
+
+@contextlib.contextmanager
+def trainer_model_for_generation(trainer, model):
+    """The model to decode: ``model`` itself without a trainer; else TRL's ``unwrap_model_for_generation`` of
+    ``trainer.model_wrapped`` (the module inside DDP / the DeepSpeed engine, ZeRO-3 parameters gathered on every
+    process, gradient checkpointing off while decoding)."""
+    if trainer is None:
+        yield model
+        return
+    from trl.models.utils import unwrap_model_for_generation
+
+    with unwrap_model_for_generation(
+        trainer.model_wrapped,
+        trainer.accelerator,
+        gradient_checkpointing_kwargs=getattr(trainer.args, "gradient_checkpointing_kwargs", None),
+    ) as unwrapped:
+        yield unwrapped
 
 
 def check_eval_section(config: dict[str, Any], source: str) -> None:

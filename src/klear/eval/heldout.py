@@ -27,6 +27,7 @@ difference over problems, tested with McNemar's exact test.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -309,6 +310,95 @@ def _default_scorer() -> Scorer:
     return compute_scores
 
 
+def eval_batches(tokenizer, prompts: Sequence, batch_size: int) -> list[list[int]]:
+    """The decoding batches of ``prompts``: their indices sorted by (prompt tokens after the chat template,
+    index) and cut every ``batch_size``, the order :func:`greedy_generate` and :func:`generate` batch in.
+
+    They depend on the prompts and ``batch_size`` only, never on the number of processes, so a batch decodes
+    the same way whichever process decodes it (:func:`evaluate`).
+    """
+    texts = [
+        tokenizer.apply_chat_template(_as_messages(p), tokenize=False, add_generation_prompt=True) for p in prompts
+    ]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+    order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+@contextlib.contextmanager
+def compute_precision(model, dtype: str | None):
+    """Run the block's forward passes in ``dtype``: ``"bfloat16"``/``"float16"`` under ``torch.autocast`` on the
+    model's device type; ``"float32"`` or ``None``: as the model's weights are (no autocast).
+
+    The held-out evaluations of a training run use the training's mixed precision (S1 of issue 22): the same
+    autocast accelerate wraps the prepared module's ``forward`` in (``Accelerator.prepare_model`` with native AMP),
+    entered explicitly, so the evaluation before ``train()`` (module not prepared yet) computes exactly as the
+    ones after (prepared: the nested autocast of the same dtype changes nothing).
+    """
+    import torch
+
+    if dtype in (None, "float32"):
+        yield
+        return
+    if dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"compute dtype {dtype!r}: expected bfloat16, float16 or float32")
+    device_type = next(model.parameters()).device.type
+    with torch.autocast(device_type=device_type, dtype=getattr(torch, dtype)):
+        yield
+
+
+@contextlib.contextmanager
+def private_rng():
+    """Restore the CPU RNG and EVERY visible CUDA device's RNG on exit (``torch.manual_seed`` inside reseeds them
+    all; ``fork_rng(devices=[])`` would restore the CPU one only, S2 of issue 22)."""
+    import torch
+
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices, device_type="cuda"):
+        yield
+
+
+def batch_seed(seed: int, batch: int) -> int:
+    """The sampling seed of decoding batch ``batch`` of an evaluation seeded ``seed`` (numpy ``SeedSequence``:
+    distinct streams for distinct ``(seed, batch)``, whatever process decodes the batch)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, batch]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def decode_in_rounds(n_batches: int, work: Callable[[int], Any], *, process_index: int, num_processes: int, gather):
+    """Run ``work(j)`` for every batch ``j < n_batches``, process ``p`` taking batches ``p, p + P, p + 2P, ...``;
+    after each round (one batch per process) ``gather`` (``accelerate.utils.gather_object``) hands every process
+    every result of the round, so no process waits on another for longer than one batch.
+
+    Returns:
+        ``[work(0), ..., work(n_batches - 1)]`` on every process.
+
+    Raises:
+        RuntimeError: on every process, when ``work`` raised on one (its error, and the process, named); with
+            one process the error itself propagates.
+    """
+    if num_processes == 1:
+        return [work(j) for j in range(n_batches)]
+    results: list[Any] = [None] * n_batches
+    for start in range(0, n_batches, num_processes):
+        j = start + process_index
+        item: tuple | None = None
+        if j < n_batches:
+            try:
+                item = (j, work(j), None)
+            except Exception as e:  # every process must reach the gather, then all raise
+                item = (j, None, f"{type(e).__name__}: {e}")
+        got = gather([item])
+        errors = [f"batch {i}: {err}" for i, _, err in (g for g in got if g is not None) if err is not None]
+        if errors:
+            raise RuntimeError(f"held-out evaluation failed on process {process_index}'s round: {'; '.join(errors)}")
+        for g in got:
+            if g is not None:
+                results[g[0]] = g[1]
+    return results
+
+
 def evaluate(
     model,
     tokenizer,
@@ -321,16 +411,27 @@ def evaluate(
     temperature: float = 0.0,
     seed: int = 0,
     show_progress: bool = True,
+    compute_dtype: str | None = None,
+    process_index: int = 0,
+    num_processes: int = 1,
+    gather=None,
 ) -> dict:
     """Decode every problem of an RL dataset (greedy once, or ``n_samples`` samples) and score it.
 
     Greedy (``temperature=0``, the default): one completion per problem, ``correct[i]`` a bool.
     Sampled (``temperature > 0``): ``n_samples`` completions per problem at that temperature
     (top-p 1, full vocabulary, as the rollouts sample), ``correct[i]`` the problem's fraction of
-    correct samples (its avg@n, paper Sec. 4.2) and ``accuracy`` their mean. Sampling draws from a
-    generator seeded with ``seed`` inside ``torch.random.fork_rng``, so the same model gives the same
-    samples, a before/after comparison uses common random numbers, and the caller's RNG stream (e.g.
-    training's) is left untouched.
+    correct samples (its avg@n, paper Sec. 4.2) and ``accuracy`` their mean. Each decoding batch
+    (:func:`eval_batches`) samples from the RNG seeded with :func:`batch_seed` ``(seed, batch)`` inside
+    :func:`private_rng`, so the same model gives the same samples (on any number of processes), a
+    before/after comparison uses common random numbers, and the caller's RNG streams (e.g. training's,
+    CPU and CUDA) are left untouched.
+
+    Several processes (``num_processes > 1``) share the work: the batches are dealt round-robin
+    (:func:`decode_in_rounds`), ``gather`` exchanges the completions after every round, each process
+    scores the samples it decoded and ``gather`` exchanges the rewards; every process returns the whole
+    result, in dataset order, equal to a 1-process evaluation's (a batch decodes the same way on any
+    process).
 
     Args:
         model: causal LM to evaluate.
@@ -341,12 +442,16 @@ def evaluate(
         max_new_tokens: generation budget per problem.
         batch_size: prompts per generate call.
         scorer: ``scorer(data_sources, solution_strs, ground_truths, extra_infos) -> list[float]``
-            (same signature as ``klear.rewards.compute_scores``); default that function,
-            imported lazily.
+            (same signature as ``klear.rewards.compute_scores``), called once per process on the samples it
+            decoded (dataset order); default that function, imported lazily.
         n_samples: completions per problem (> 1 needs ``temperature > 0``).
         temperature: 0 for greedy decoding, else the sampling temperature.
         seed: sampling seed.
         show_progress: tqdm progress bar while generating.
+        compute_dtype: forward passes under :func:`compute_precision` (``None``: the weights' dtype).
+        process_index, num_processes: this process and the number of processes sharing the evaluation.
+        gather: with ``num_processes > 1``, ``fn(list) -> list`` concatenating every process's list
+            (``accelerate.utils.gather_object``).
 
     Returns:
         ``{"accuracy": float, "n": int, "correct": list, "rewards": list[float],
@@ -359,11 +464,11 @@ def evaluate(
 
     Raises:
         RuntimeError: the judge could not score a sample (``nan``, unscored; the paired comparison needs
-            every verdict).
+            every verdict); with several processes, any error of one process's batch (on every process).
         ValueError: the scorer returned a different number of scores than samples; ``n_samples < 1``,
             ``temperature < 0``, or several samples with greedy decoding.
     """
-    import torch
+    from tqdm.auto import tqdm
 
     from klear.rewards import require_scored
 
@@ -374,35 +479,85 @@ def evaluate(
             f"temperature={temperature!r}: must be > 0 to draw n_samples={n_samples} samples "
             "(0 means greedy decoding, one completion per problem)"
         )
+    if num_processes > 1 and gather is None:
+        raise ValueError(f"evaluate on {num_processes} processes needs gather (accelerate.utils.gather_object)")
     rows = [dataset[i] for i in range(len(dataset))]
     if scorer is None:
         scorer = _default_scorer()
     k = n_samples
     prompts = [r["prompt"] for r in rows for _ in range(k)]
-    if temperature == 0:
-        completions = generate(
-            model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress
-        )
-    else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            completions = generate(
-                model,
-                tokenizer,
-                prompts,
-                max_new_tokens=max_new_tokens,
-                batch_size=max(k, batch_size // k * k),
-                do_sample=True,
-                temperature=temperature,
-                group_size=k,
-                show_progress=show_progress,
-            )
     data_sources = [r["data_source"] for r in rows for _ in range(k)]
     ground_truths = [r["reward_model"]["ground_truth"] for r in rows for _ in range(k)]
     extra_infos = [r.get("extra_info") for r in rows for _ in range(k)]
-    rewards = [float(x) for x in scorer(data_sources, completions, ground_truths, extra_infos)] if rows else []
-    if len(rewards) != len(prompts):
-        raise ValueError(f"scorer returned {len(rewards)} scores for {len(prompts)} samples")
+    # sampled: each batch holds whole groups of k (the sort keeps a problem's k copies together)
+    batches = eval_batches(tokenizer, prompts, batch_size if temperature == 0 else max(k, batch_size // k * k))
+    bar = tqdm(total=len(prompts), desc="held-out", unit="seq", disable=not show_progress)
+
+    def decode(j: int) -> list[str]:
+        sub = [prompts[i] for i in batches[j]]
+        with compute_precision(model, compute_dtype):
+            if temperature == 0:
+                texts = generate(
+                    model, tokenizer, sub, max_new_tokens=max_new_tokens, batch_size=len(sub), show_progress=False
+                )
+            else:
+                import torch
+
+                with private_rng():
+                    torch.manual_seed(batch_seed(seed, j))
+                    texts = generate(
+                        model,
+                        tokenizer,
+                        sub,
+                        max_new_tokens=max_new_tokens,
+                        batch_size=len(sub),
+                        do_sample=True,
+                        temperature=temperature,
+                        group_size=k,
+                        show_progress=False,
+                    )
+        bar.update(len(sub))
+        return texts
+
+    rounds = {"process_index": process_index, "num_processes": num_processes, "gather": gather}
+    try:
+        decoded = decode_in_rounds(len(batches), decode, **rounds)
+    finally:
+        bar.close()
+    completions: list[str] = [""] * len(prompts)
+    for idx, texts in zip(batches, decoded):
+        for i, text in zip(idx, texts):
+            completions[i] = text
+    # each process scores the samples it decoded (dataset order), in one call
+    shares = [
+        sorted(i for j in range(p, len(batches), num_processes) for i in batches[j]) for p in range(num_processes)
+    ]
+
+    def score(p: int) -> list[float]:
+        idx = shares[p]
+        if not idx:
+            return []
+        got = scorer(
+            [data_sources[i] for i in idx],
+            [completions[i] for i in idx],
+            [ground_truths[i] for i in idx],
+            [extra_infos[i] for i in idx],
+        )
+        scores = [float(x) for x in got]
+        if len(scores) != len(idx):
+            raise ValueError(f"scorer returned {len(scores)} scores for {len(idx)} samples")
+        return scores
+
+    rewards: list[float] = [math.nan] * len(prompts)
+    for idx, scores in zip(shares, decode_in_rounds(num_processes, score, **rounds)):
+        for i, x in zip(idx, scores):
+            rewards[i] = x
+    if num_processes > 1:
+        print(
+            f"held-out evaluation: process {process_index} of {num_processes} decoded "
+            f"{len(shares[process_index]) // k} of {len(rows)} problems",
+            flush=True,
+        )
     # the per-problem results are compared pairwise (before/after), so every sample needs a verdict
     require_scored(rewards, lambda i: f"held-out problem {rows[i // k].get('prompt_id', i // k)} sample {i % k}")
     hits = [is_correct(r) for r in rewards]

@@ -211,6 +211,7 @@ def run_rl(
     from klear.runs import (
         cap_eval_batch_size,
         check_prompt_context,
+        eval_fields,
         eval_settings,
         finish_run,
         heldout_eval,
@@ -292,7 +293,7 @@ def run_rl(
         model = trainer.accelerator.unwrap_model(trainer.model)
         curve = HeldoutCurveCallback(
             out,
-            lambda path: heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=False),
+            lambda path: heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=False, trainer=trainer),
             eval_cfg.get("every_steps"),
         )
         if do_eval:
@@ -300,7 +301,13 @@ def run_rl(
         before: dict[str, Any] | None = None
         if do_eval:
             before = heldout_eval(
-                model, tokenizer, heldout, eval_cfg, path=out / "eval_before.json", reuse=bool(setup.resume)
+                model,
+                tokenizer,
+                heldout,
+                eval_cfg,
+                path=out / "eval_before.json",
+                reuse=bool(setup.resume),
+                trainer=trainer,
             )
             print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
             curve.record(0, before)
@@ -310,12 +317,15 @@ def run_rl(
     if do_eval:
         assert before is not None  # evaluated before training whenever do_eval
         curve.pause()
-        after = heldout_eval(model, tokenizer, heldout, eval_cfg, path=out / "eval_after.json", reuse=False)
+        after = heldout_eval(
+            model, tokenizer, heldout, eval_cfg, path=out / "eval_after.json", reuse=False, trainer=trainer
+        )
         curve.record(trainer.state.global_step, after)
         report.update(paired_difference(before["correct"], after["correct"]))
         report.update(
             samples_per_problem=after.get("samples_per_problem", 1), temperature=after.get("temperature", 0.0)
         )
+        report.update(eval_fields(before, after))
     finish_run(
         setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None, panels=RL_PANELS
     )

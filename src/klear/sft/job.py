@@ -199,7 +199,9 @@ def format_compliant(text: str) -> bool:
     return region is not None and extract_last_boxed(region).status == "ok"
 
 
-def _heldout_eval(model, tokenizer, heldout, eval_cfg: dict, path: Path, *, reuse: bool) -> dict[str, Any]:
+def _heldout_eval(
+    model, tokenizer, heldout, eval_cfg: dict, path: Path, *, reuse: bool, trainer=None
+) -> dict[str, Any]:
     """Held-out accuracy and format compliance; saved to ``path`` (reused on resume).
 
     :func:`klear.runs.heldout_eval` (the evaluator ``klear rl`` uses too) plus ``format_ok``,
@@ -219,7 +221,7 @@ def _heldout_eval(model, tokenizer, heldout, eval_cfg: dict, path: Path, *, reus
             sum(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions) / m
         )
 
-    return heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=reuse, annotate=annotate)
+    return heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=reuse, annotate=annotate, trainer=trainer)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -254,7 +256,15 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
 
     from klear.eval.heldout import paired_difference
     from klear.rl.callbacks import MetricsJsonlCallback
-    from klear.runs import cap_eval_batch_size, eval_settings, finish_run, is_main_process, prepare_run, start_run
+    from klear.runs import (
+        cap_eval_batch_size,
+        eval_fields,
+        eval_settings,
+        finish_run,
+        is_main_process,
+        prepare_run,
+        start_run,
+    )
     from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
     from klear.utils.plotting import SFT_PANELS
 
@@ -290,7 +300,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         before: dict[str, Any] | None = None
         if do_eval:
             before = _heldout_eval(
-                model, tokenizer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(setup.resume)
+                model, tokenizer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(setup.resume), trainer=trainer
             )
             if main:
                 print(
@@ -310,13 +320,16 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         report["filter"] = filter_stats
     if do_eval:
         assert before is not None  # evaluated before training whenever do_eval
-        after = _heldout_eval(model, tokenizer, heldout, eval_cfg, out / "eval_after.json", reuse=False)
+        after = _heldout_eval(
+            model, tokenizer, heldout, eval_cfg, out / "eval_after.json", reuse=False, trainer=trainer
+        )
         report["accuracy"] = paired_difference(before["correct"], after["correct"])
         report["format"] = paired_difference(before["format_ok"], after["format_ok"])
         report["mean_completion_tokens"] = {
             "before": before["mean_completion_tokens"],
             "after": after["mean_completion_tokens"],
         }
+        report.update(eval_fields(before, after))
     finish_run(
         setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None, panels=SFT_PANELS
     )
