@@ -41,8 +41,9 @@ start with too little of the time budget left is skipped):
   top-level phases (rollout, old_log_prob, forward_backward, optimizer) add up to at most the step's wall time
   (measured between the trainer's step callbacks after a device synchronisation), and on CUDA the trainer
   synchronised the device inside each step (S6: without it asynchronous kernels are charged to the wrong phase).
-* ``dry_run_plan``: ``klear rl --config rl_math_klear --dry-run`` on this device with a Qwen3-8B-shaped config
-  (no weights): the per-GPU memory plan. Skipped when this klear has no ``--dry-run``.
+* ``dry_run_plan``: ``klear rl --config rl_math_klear --dry-run`` with a Qwen3-8B-shaped config (no weights) on
+  this device's memory (``--gpu-memory-gb 80`` on CPU): plain DDP on one GPU must NOT fit (the launch guard refuses
+  it, H1) and ``--gpus 8 --strategy zero3`` (the shipped config) must fit. Skipped when klear has no ``--dry-run``.
 
 Output: the lines above, a last line with the counts, and under ``--out``: ``gpu_check.json`` (every check's
 status, line, numbers and seconds; device and library versions) and one ``<check>.log`` per ``klear`` child run.
@@ -90,7 +91,7 @@ MIN_SECONDS = {
     "eval_lr0": 45,
     "eval_cuda_rng": 10,
     "phase_timings": 0,
-    "dry_run_plan": 15,
+    "dry_run_plan": 25,
 }
 TIMING_TOP_PHASES = ("rollout", "old_log_prob", "forward_backward", "optimizer")
 #: The time given back after a child is killed at the budget.
@@ -493,9 +494,9 @@ def timing_verdict(rows: list[dict[str, Any]], probe_steps: list[dict[str, Any]]
 
 
 def check_dry_run_plan(ctx: Context) -> Result:
-    from transformers import AutoTokenizer, Qwen3Config
+    from transformers import Qwen3Config
 
-    # Qwen3-8B-Base's shape (32K context), no weights: the plan needs the config only
+    # Qwen3-8B-Base's shape (32K context), no weights: the plan reads the config only
     model_dir = ctx.work / "qwen3-8b-shape"
     Qwen3Config(
         vocab_size=151936,
@@ -508,20 +509,54 @@ def check_dry_run_plan(ctx: Context) -> Result:
         max_position_embeddings=32768,
         tie_word_embeddings=False,
     ).save_pretrained(model_dir)
-    AutoTokenizer.from_pretrained(ctx.tokenizer_dir()).save_pretrained(model_dir)
     train, _ = ctx.data()
-    argv = ["-m", "klear.cli", "rl", "--config", "rl_math_klear", "--dry-run"]
-    argv += [f"model={model_dir}", f"data.train={train}", f"output_dir={ctx.work / 'dry_run'}"]
-    code, output = run_child(ctx, "dry_run_plan", argv)
-    if code == 2 and "unrecognized arguments" in output and "--dry-run" in output:
-        return Result("SKIP", "this klear has no `klear rl --dry-run`")
-    lines = [x.strip() for x in output.splitlines() if x.strip() and " INFO " not in x]
-    details = {"exit": code, "output": lines[-40:]}
-    if code != 0:
-        why = "killed at the time budget" if code is None else f"exit {code}: {last_line(output)}"
-        return Result("FAIL", f"klear rl --dry-run {why}", details)
-    plan = [x for x in lines if any(w in x.lower() for w in ("total", "fit", "device"))]
-    return Result("PASS", " | ".join(plan[-3:]) or last_line(output), details)
+    base = ["-m", "klear.cli", "rl", "--config", "rl_math_klear", "--dry-run", f"model={model_dir}"]
+    base += [f"data.train={train}", f"output_dir={ctx.work / 'dry_run'}"]
+    if ctx.cpu:
+        base += ["--gpu-memory-gb", "80"]  # no device to read the memory of
+    plans, logs = {}, []
+    # this device as launched plainly (DDP, one process), then as one of 8 under the shipped ZeRO-3 config
+    for name, extra in (("ddp x1", []), ("zero3 x8", ["--gpus", "8", "--strategy", "zero3"])):
+        code, output = run_child(ctx, "dry_run_plan", base + extra)
+        logs.append(f"$ klear rl {' '.join(base[3:] + extra)}\n{output}")
+        if code == 2 and "unrecognized arguments" in output and "--dry-run" in output:
+            return Result("SKIP", "this klear has no `klear rl --dry-run`")
+        if code != 0:
+            (ctx.out / "dry_run_plan.log").write_text("\n".join(logs))
+            why = "killed at the time budget" if code is None else f"exit {code}: {last_line(output)}"
+            return Result("FAIL", f"{name}: klear rl --dry-run {why}", {"plans": plans})
+        plans[name] = plan_lines(output)
+    (ctx.out / "dry_run_plan.log").write_text("\n".join(logs))
+    return plan_verdict(plans)
+
+
+def plan_lines(output: str) -> dict[str, str]:
+    """The ``total ...``, ``device memory`` and ``verdict`` rows of a ``--dry-run`` plan table, by label."""
+    rows = {}
+    for line in output.splitlines():
+        text = line.strip()
+        for label in ("total (training phase)", "total (generation phase, vLLM awake)", "device memory", "verdict"):
+            if text.startswith(label):
+                rows[label] = " ".join(text[len(label) :].split())
+    return rows
+
+
+def plan_verdict(plans: dict[str, dict[str, str]]) -> Result:
+    """PASS when the plans are printed and say what the recipe promises: an 8B model does not fit one GPU under
+    plain DDP (the guard refuses it, H1) and fits 8 such GPUs under ZeRO-3 (item 4)."""
+    expected = {"ddp x1": "does NOT fit", "zero3 x8": "fits"}
+    parts, problems = [], []
+    for name, want in expected.items():
+        rows = plans.get(name, {})
+        verdict = rows.get("verdict", "?")
+        totals = "/".join(v.removesuffix(" GiB") for k, v in rows.items() if k.startswith("total"))
+        parts.append(f"{name}: {totals or '?'} GiB, {verdict}")
+        if verdict != want:
+            problems.append(f"{name} expected '{want}'")
+    device = next((r["device memory"] for r in plans.values() if "device memory" in r), "?")
+    summary = f"rl_math_klear, Qwen3-8B shape: {'; '.join(parts)} (device {device})"
+    summary += f" [{'; '.join(problems)}]" if problems else ""
+    return Result("FAIL" if problems else "PASS", summary, {"plans": plans})
 
 
 CHECKS: dict[str, Callable[[Context], Result]] = {
