@@ -19,7 +19,8 @@ accumulation, checkpointing and logging. This module overrides these ``GRPOTrain
   (Eq. 14: ``L = L_pg + alpha * L_LM``) of the configured loss mode.
 * ``_generate_single_turn``: on the transformers path, each prompt is prefilled once per group
   (:func:`klear.rl.prefill.grouped_prefill_generate`); the samples are unchanged.
-* ``_generate`` and ``training_step``: timers only (``timing/<phase>_s``), which change nothing.
+* ``_generate`` and ``training_step``: timers only (``timing/<phase>_s``), which change nothing (on CUDA they
+  synchronise the device at each phase boundary, :func:`phase_clock`).
 
 All the math lives in ``klear.rl.losses`` and ``klear.rl.advantages``; this file only moves
 tensors and counts.
@@ -218,6 +219,18 @@ class GPPOConfig(GRPOConfig):
 TIMING_PHASES = ("rollout", "generate", "reward", "old_log_prob", "forward_backward", "optimizer")
 
 
+def phase_clock(device: torch.device) -> float:
+    """``time.perf_counter()`` (seconds) read after the work queued on ``device`` has finished.
+
+    On CUDA, kernels run asynchronously: a clock read right after a phase's Python code returns would charge the
+    phase's still-running kernels to the next phase, so the stream is synchronised first
+    (``torch.cuda.synchronize(device)``). On any other device nothing is synchronised (no cost).
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 class _PhaseTimer(TrainerCallback):
     """Closes each optimizer step's timing window: ``optimizer`` is the time from the end of the step's last
     micro-batch to ``on_step_end`` (gradient clipping, ``optimizer.step``, LR scheduler, ``zero_grad``)."""
@@ -227,7 +240,7 @@ class _PhaseTimer(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         t = self.trainer
-        t._klear_time["optimizer"] += time.perf_counter() - t._klear_window_end
+        t._klear_time["optimizer"] += t._clock() - t._klear_window_end
         m = t._metrics["train"]
         for phase in TIMING_PHASES:
             m[f"timing/{phase}_s"].append(t._klear_time[phase])
@@ -503,7 +516,8 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
     rollout policy, :meth:`_old_log_probs`); ``forward_backward`` (loss forward and backward of every
     micro-batch) and ``optimizer`` (gradient clipping, ``optimizer.step``, scheduler, ``zero_grad``).
     ``rollout + old_log_prob + forward_backward + optimizer`` is the step's wall clock up to logging and
-    checkpointing.
+    checkpointing. On CUDA every phase boundary synchronises the device before reading the clock
+    (:func:`phase_clock`), so each phase is charged with its own asynchronous kernels.
     """
 
     _tag_names = ["trl", "grpo", "gppo", "klear"]
@@ -523,16 +537,20 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         self._klear_rollout: dict[str, Any] | None = None
         self._klear_in_rollout = False
         self._klear_time = dict.fromkeys(TIMING_PHASES, 0.0)  # seconds in the current optimizer step
-        self._klear_window_end = time.perf_counter()
+        self._klear_window_end = self._clock()
         self.add_callback(_PhaseTimer(self))
 
     # ------------------------------------------------------------------ where the time goes
+    def _clock(self) -> float:
+        """Seconds at a phase boundary, after this process's queued device work (:func:`phase_clock`)."""
+        return phase_clock(self.accelerator.device)
+
     def _timed(self, phase: str, fn, *args, **kwargs):
-        start = time.perf_counter()
+        start = self._clock()
         try:
             return fn(*args, **kwargs)
         finally:
-            self._klear_time[phase] += time.perf_counter() - start
+            self._klear_time[phase] += self._clock() - start
 
     def _generate(self, prompts):
         return self._timed("generate", super()._generate, prompts)
@@ -571,12 +589,12 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         return self._timed("old_log_prob", super()._get_per_token_logps_and_entropies, *args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        start = time.perf_counter()
+        start = self._clock()
         before = self._klear_time["rollout"] + self._klear_time["old_log_prob"]
         try:
             return super().training_step(model, inputs, num_items_in_batch)
         finally:
-            self._klear_window_end = time.perf_counter()
+            self._klear_window_end = self._clock()
             inside = self._klear_time["rollout"] + self._klear_time["old_log_prob"] - before
             self._klear_time["forward_backward"] += self._klear_window_end - start - inside
 
