@@ -349,6 +349,28 @@ def test_shipped_experiments_are_valid(path, tmp_path):
     assert len(runs) == len(exp.arms) * len(exp.seeds) and exp.reference in exp.arms
 
 
+def test_no_arm_of_the_gpu_comparison_masks_vllm_samples(tmp_path):
+    """Issue 22 S3: TRL's default vllm_importance_sampling_correction (True: sequence masking of off-policy vLLM
+    samples) would act on the TRL peer arm only (klear's trainer has no such correction); every arm of
+    gppo_vs_baselines_gpu is built with it off, and the peer's own default is off."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from klear.rl.job import trainer_config
+    from klear.runs import trainer_arguments
+
+    exp = load_experiment("gppo_vs_baselines_gpu")
+    for run, config in plan_runs(exp, [0], tmp_path).items():
+        config_cls, section = trainer_config(config, run)
+        _, _, args = trainer_arguments({**config, "trainer": section}, source=run, config_cls=config_cls, machine_checks=False)
+        assert args.use_vllm and args.vllm_importance_sampling_correction is False, run
+    assert "trainer.vllm_importance_sampling_correction" in exp.arms["trl_grpo"]  # stated in the report's arm table
+    trl_default = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}["vllm_importance_sampling_correction"]
+    assert trl_default is True  # what the peer would inherit
+    assert TRLPeerConfig(output_dir=str(tmp_path), use_cpu=True).vllm_importance_sampling_correction is False
+
+
 def test_report_names_a_shipped_file_by_its_repository_path():
     from klear.experiment.report import _shown_path
 
