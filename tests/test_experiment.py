@@ -363,7 +363,9 @@ def test_no_arm_of_the_gpu_comparison_masks_vllm_samples(tmp_path):
     exp = load_experiment("gppo_vs_baselines_gpu")
     for run, config in plan_runs(exp, [0], tmp_path).items():
         config_cls, section = trainer_config(config, run)
-        _, _, args = trainer_arguments({**config, "trainer": section}, source=run, config_cls=config_cls, machine_checks=False)
+        _, _, args = trainer_arguments(
+            {**config, "trainer": section}, source=run, config_cls=config_cls, machine_checks=False
+        )
         assert args.use_vllm and args.vllm_importance_sampling_correction is False, run
     assert "trainer.vllm_importance_sampling_correction" in exp.arms["trl_grpo"]  # stated in the report's arm table
     trl_default = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}["vllm_importance_sampling_correction"]
