@@ -70,3 +70,102 @@ def test_every_phase_boundary_synchronises_cuda_before_reading_the_clock(
     _PhaseTimer(trainer).on_step_end(None, None, None)
     assert clock_events == boundary
     assert all(trainer._metrics["train"][f"timing/{p}_s"] for p in TIMING_PHASES)
+
+
+# ------------------------------------------------------------------- metrics: one collective, one host sync per log
+class _CountingRank:
+    """Process 0 of a 2-process run whose other process holds the same tensors; counts the collectives."""
+
+    num_processes = 2
+    process_index = 0
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.collectives = 0
+
+    def gather(self, tensor):
+        self.collectives += 1
+        return torch.cat([tensor, tensor])
+
+    def reduce(self, tensor, reduction="sum"):
+        assert reduction == "sum"
+        self.collectives += 1
+        return tensor + tensor
+
+
+def _micro_batches(gen, n_micro=2, b=3, t=5):
+    out = []
+    for _ in range(n_micro):
+        lengths = torch.randint(1, t + 1, (b,), generator=gen)
+        old = -torch.rand(b, t, generator=gen) - 0.5
+        out.append(
+            {
+                "completion_mask": (torch.arange(t) < lengths[:, None]).long(),
+                "klear_keep": torch.tensor([True, True, False]),
+                "klear_is_correct": torch.tensor([True, False, True]),
+                "advantages": torch.randn(b, generator=gen),
+                "old_per_token_logps": old,
+                "log_prob": (old + 0.3 * torch.randn(b, t, generator=gen)).requires_grad_(True),
+                "entropies": torch.rand(b, t, generator=gen) + 1.0,
+            }
+        )
+    return out
+
+
+@pytest.fixture()
+def host_syncs(monkeypatch):
+    """Counts the host syncs (``item``, ``tolist``, ``bool``/``float``/``int`` of a tensor) made outside the loss
+    function itself (klear.rl.losses validates its inputs with syncs of its own)."""
+    count = {"syncs": 0, "in_loss": False}
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **k):
+            if not count["in_loss"]:
+                count["syncs"] += 1
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return count
+
+
+def test_a_micro_batch_s_metrics_cost_one_collective_and_a_logged_step_one_host_sync(tmp_path, monkeypatch, host_syncs):
+    """Issue 22 (low): the entropy and every loss metric of a micro-batch are combined over processes by ONE gather
+    (was one reduce plus one gather per metric, ~16) and stay on the device; ``log`` reads all of a logged step's
+    values with ONE host sync (was 3 + one per metric per micro-batch). The values are those of the loss."""
+    rank = _CountingRank()
+    trainer = _bare_trainer(_args(tmp_path, loss_mode="gppo", alpha=0.1), rank)
+    trainer._policy_log_probs = lambda model, inputs, compute_entropy=False: (inputs["log_prob"], inputs["entropies"])
+    returned: list[dict[str, float]] = []
+    real_total_loss = trainer_module.total_loss
+
+    def total_loss(batch, settings):
+        host_syncs["in_loss"] = True
+        try:
+            loss, metrics = real_total_loss(batch, settings)
+            returned.append({k: float(v) for k, v in metrics.items()})
+            return loss, metrics
+        finally:
+            host_syncs["in_loss"] = False
+
+    monkeypatch.setattr(trainer_module, "total_loss", total_loss)
+    mbs = _micro_batches(torch.Generator().manual_seed(0))
+    trainer._annotate_optimizer_windows(mbs)  # once per rollout batch: not counted below
+    rank.collectives, host_syncs["syncs"] = 0, 0
+
+    for mb in mbs:  # one optimizer step (gradient_accumulation_steps=2)
+        trainer._compute_loss(None, mb).backward()
+    assert (rank.collectives, host_syncs["syncs"]) == (len(mbs), 0)
+    assert len(returned[0]) >= 10  # the loss metrics that used to cost one gather each
+
+    logged = {}
+    monkeypatch.setattr(GRPOTrainer, "log", lambda self, logs, start_time=None: logged.update(self._metrics["train"]))
+    trainer.log({})
+    assert host_syncs["syncs"] == 1 and rank.collectives == len(mbs)
+    for key in returned[0]:  # the other process holds the same values: mean, max and min are the value itself
+        assert logged[f"klear/{key}"] == [r[key] for r in returned], key
+    entropy = [float((mb["entropies"] * mb["completion_mask"]).sum() / mb["completion_mask"].sum()) for mb in mbs]
+    assert logged["entropy"] == pytest.approx(entropy, rel=1e-6)
+    tokens = [float((mb["completion_mask"] * mb["klear_keep"][:, None]).sum()) for mb in mbs]
+    assert logged["klear/num_loss_tokens"] == [2 * sum(tokens)] * 2  # the step's count over both processes
+    assert not trainer._klear_pending_metrics

@@ -781,20 +781,61 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             num_sft_tokens=inputs["klear_num_sft_tokens"] if windowed else None,
         )
         loss, loss_metrics = total_loss(batch, settings)
+        self._micro_batch_metrics(mode, inputs, entropies, windowed, loss_metrics)
+        return loss
 
-        # Metrics (combined over processes; TRL averages them again over the logging interval).
+    # ------------------------------------------------------------------ metrics
+    def _micro_batch_metrics(
+        self,
+        mode: str,
+        inputs: dict[str, Any],
+        entropies: torch.Tensor,
+        windowed: bool,
+        loss_metrics: dict[str, torch.Tensor],
+    ) -> None:
+        """Queue one micro-batch's metrics, combined over processes, with ONE collective and no host sync.
+
+        The entropy sums (``(2,)``: entropy x completion mask, mask) and every loss metric (``(K,)``, float32) are
+        stacked into one vector and gathered once (``(num_processes, 2 + K)``); per column the entropies are summed
+        and each loss metric reduced by its :data:`klear.rl.losses.METRIC_REDUCTIONS` rule (mean, max, min) in its
+        own dtype, so the values are those of one reduce/gather per metric. They stay on the device until
+        :meth:`log` reads all the queued values with one host sync (:meth:`_flush_metrics`).
+        """
         token_mask = inputs["completion_mask"].float()
-        gather = self.accelerator.gather
-        m = self._metrics[mode]
         ent = torch.stack([(entropies.detach() * token_mask).sum(), token_mask.sum()])
-        ent = self.accelerator.reduce(ent, reduction="sum")
-        m["entropy"].append((ent[0] / ent[1].clamp(min=1.0)).item())
+        names = list(loss_metrics)
+        values = [v.to(dtype=torch.float32, device=ent.device).reshape(1) for v in loss_metrics.values()]
+        local = torch.cat([ent, *values]).to(torch.promote_types(ent.dtype, torch.float32))  # widening: exact
+        gathered = self.accelerator.gather(local).view(self.accelerator.num_processes, -1)
+        ent_sum = gathered[:, :2].to(ent.dtype).sum(dim=0)
+        reduce = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}
+        row = [(ent_sum[0] / ent_sum[1].clamp(min=1.0)).reshape(1)]
+        for i, key in enumerate(names):
+            row.append(reduce[METRIC_REDUCTIONS.get(key, "mean")](gathered[:, 2 + i].to(torch.float32)).reshape(1))
+        keys: list[tuple[str, int]] = [("entropy", 1)] + [(f"klear/{key}", 1) for key in names]
         if windowed:  # the exact divisors of this optimizer step (all processes)
             n_proc = self.accelerator.num_processes
-            m["klear/num_loss_tokens"].append(inputs["klear_num_tokens"].item() * n_proc)
-            m["klear/num_sft_tokens"].append(inputs["klear_num_sft_tokens"].item() * n_proc)
-        reduce = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}
-        for key, value in loss_metrics.items():
-            value = value.to(dtype=torch.float32, device=log_prob.device).reshape(1)
-            m[f"klear/{key}"].append(reduce[METRIC_REDUCTIONS.get(key, "mean")](gather(value)).item())
-        return loss
+            keys += [("klear/num_loss_tokens", n_proc), ("klear/num_sft_tokens", n_proc)]
+            row += [inputs["klear_num_tokens"].reshape(1), inputs["klear_num_sft_tokens"].reshape(1)]
+        if not hasattr(self, "_klear_pending_metrics"):
+            self._klear_pending_metrics = []
+        self._klear_pending_metrics.append((mode, keys, torch.cat(row)))
+
+    def _flush_metrics(self) -> None:
+        """Append the queued micro-batch metrics to ``self._metrics`` (where TRL's ``log`` averages them), reading
+        them from the device with one host sync; a count metric is multiplied by the number of processes
+        (``klear_num_tokens`` is the per-process share of the step's count)."""
+        pending = getattr(self, "_klear_pending_metrics", None)
+        if not pending:
+            return
+        values = iter(torch.cat([row for _, _, row in pending]).tolist())
+        for mode, keys, _ in pending:
+            m = self._metrics[mode]
+            for key, scale in keys:
+                value = next(values)
+                m[key].append(value * scale if scale != 1 else value)
+        pending.clear()
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        self._flush_metrics()
+        super().log(logs, start_time)
