@@ -169,3 +169,57 @@ def test_a_micro_batch_s_metrics_cost_one_collective_and_a_logged_step_one_host_
     tokens = [float((mb["completion_mask"] * mb["klear_keep"][:, None]).sum()) for mb in mbs]
     assert logged["klear/num_loss_tokens"] == [2 * sum(tokens)] * 2  # the step's count over both processes
     assert not trainer._klear_pending_metrics
+
+
+# ------------------------------------------------------------------- grouped prefill: one decision for all processes
+class _TwoRanks:
+    """Process 0 of 2; the other process's "can group" flag is ``other`` (the all-reduce sums both)."""
+
+    num_processes = 2
+    device = torch.device("cpu")
+
+    def __init__(self, other: bool):
+        self.other, self.reductions = other, 0
+
+    def reduce(self, tensor, reduction="sum"):
+        assert reduction == "sum"
+        self.reductions += 1
+        return tensor + float(self.other)
+
+    def unwrap_model(self, model):
+        return model
+
+
+@pytest.mark.parametrize("other_can_group, grouped", [(True, True), (False, False)])
+def test_the_trainer_s_grouped_prefill_is_decided_by_all_processes(tmp_path, monkeypatch, other_can_group, grouped):
+    """Issue 22 (low): with 2 processes, the trainer hands grouped_prefill_generate an agreement that takes the
+    other process's flag into account with one all-reduce: this process's groups are prefilled only when the
+    other's are too (under ZeRO-3/FSDP a prefill forward on one process alone would hang the other)."""
+    import klear.rl.prefill as prefill
+
+    ranks = _TwoRanks(other=other_can_group)
+    trainer = _bare_trainer(_args(tmp_path), ranks)
+    trainer.use_vllm = trainer.use_transformers_continuous_batching = False
+    model = torch.nn.Module()
+    model.generate = lambda **kw: kw["input_ids"]
+    trainer.model_wrapped = model
+    decided = []
+
+    def grouped_prefill_generate(model, generate, input_ids, attention_mask, *, group_size, agree=None, **kw):
+        decided.append(agree(True))  # this process's rows are groups
+        return generate(input_ids=input_ids, attention_mask=attention_mask)
+
+    monkeypatch.setattr(prefill, "grouped_prefill_generate", grouped_prefill_generate)
+
+    def trl_generate(self, prompt_ids, *args):  # TRL's transformers path calls the (patched) model.generate
+        return model.generate(input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids)), None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", trl_generate)
+    ids = torch.tensor([[5, 6], [5, 6]])
+    out, _ = trainer._generate_single_turn(ids, None, {}, 2)
+    assert torch.equal(out, ids) and decided == [grouped] and ranks.reductions == 1
+
+
+def test_one_process_decides_alone(tmp_path):
+    trainer = _bare_trainer(_args(tmp_path), SimpleNamespace(num_processes=1, device=torch.device("cpu")))
+    assert trainer._prefill_agreement() is None

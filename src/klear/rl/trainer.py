@@ -369,7 +369,9 @@ def drop_filtered_samples(micro_batches: list[dict[str, Any]]) -> list[dict[str,
     micro-batches as evenly as possible, and each micro-batch's completion tensors are trimmed to its
     longest response, so filtered groups cost no forward/backward compute. If fewer samples are kept than
     there are micro-batches, filtered samples fill the gap (they stay masked out: ``klear_keep`` False), so no
-    micro-batch is empty. The loss is unchanged: filtered samples contributed neither terms nor tokens.
+    micro-batch is empty; such a filler-only micro-batch is cut to one completion token and (text models) its
+    prompt's last token, so its forward, backward and old-log-prob passes cost next to nothing. The loss and
+    its gradient are unchanged: filtered samples contributed neither terms nor tokens.
 
     Args:
         micro_batches: dicts of per-sample tensors ``(B_i, ...)``/lists plus shared scalars, with a
@@ -402,11 +404,17 @@ def drop_filtered_samples(micro_batches: list[dict[str, Any]]) -> list[dict[str,
                 mb[key] = [value[i] for i in idx.tolist()]
             else:
                 mb[key] = value
-        length = max(int(mb["completion_mask"].sum(dim=1).max()), 1)
+        filler = not bool(mb["klear_keep"].any())
+        # a filler's tokens enter no loss term and no divisor: one token of it is as good as all of them
+        length = 1 if filler else max(int(mb["completion_mask"].sum(dim=1).max()), 1)
         for key in _COMPLETION_KEYS:
             value = mb.get(key)
             if isinstance(value, torch.Tensor) and value.ndim == 2 and value.size(1) == full["completion_ids"].size(1):
                 mb[key] = value[:, :length]
+        prompt = isinstance(mb.get("prompt_ids"), torch.Tensor) and isinstance(mb.get("prompt_mask"), torch.Tensor)
+        if filler and prompt and all(mb.get(key) is None for key in _FORWARD_KEYS):  # text: no per-token extras
+            mb["prompt_ids"] = mb["prompt_ids"][:, -1:]  # left-padded: the last column is a prompt token
+            mb["prompt_mask"] = torch.ones_like(mb["prompt_mask"][:, -1:])
         out.append(mb)
     return out
 
@@ -573,11 +581,33 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         from klear.rl.prefill import grouped_prefill_generate
 
         model = self.accelerator.unwrap_model(self.model_wrapped)
-        model.generate = functools.partial(grouped_prefill_generate, model, model.generate, group_size=num_generations)
+        model.generate = functools.partial(
+            grouped_prefill_generate,
+            model,
+            model.generate,
+            group_size=num_generations,
+            agree=self._prefill_agreement(),
+        )
         try:
             return super()._generate_single_turn(*args)
         finally:
             del model.generate  # the class's generate again
+
+    def _prefill_agreement(self):
+        """With several processes, the all-processes decision of :func:`klear.rl.prefill.grouped_prefill_generate`:
+        a function taking this process's "can group" and returning whether every process can (one all-reduce of a
+        0/1 flag and one host sync per rollout batch). Under sharded parameters (ZeRO-3, FSDP) each forward is a
+        collective, so a grouped prefill on some processes only would hang the others; the flag costs next to
+        nothing, so it is agreed whatever the sharding. None with one process."""
+        accelerator = self.accelerator
+        if accelerator.num_processes < 2:
+            return None
+
+        def agree(local: bool) -> bool:
+            flag = torch.tensor([1.0 if local else 0.0], device=accelerator.device)
+            return bool(accelerator.reduce(flag, reduction="sum").item() == accelerator.num_processes)
+
+        return agree
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         if torch.is_grad_enabled():  # the training forward (counted in forward_backward)
