@@ -18,8 +18,8 @@ The recipe's ``trainer`` section is read as for klear, with the GPPO settings ma
   ``adv_epsilon``, ``correct_reward``) must be absent or at its default.
 
 vLLM importance-sampling correction: TRL's default (``vllm_importance_sampling_correction=True``,
-``vllm_importance_sampling_mode="sequence_mask"``) masks out of the loss the whole vLLM samples whose
-training/sampling log-prob ratio leaves its band; it acts only with ``use_vllm`` (the GPU path). klear's
+``vllm_importance_sampling_mode="sequence_mask"``) weights each vLLM sample's loss by its training/sampling
+sequence probability ratio and masks out the samples whose ratio exceeds 3; it acts only with ``use_vllm``. klear's
 trainer has no such correction (:class:`klear.rl.trainer.GPPOConfig` refuses it), so the peer's default is
 ``False`` too: both arms then train on every sample, and a comparison measures the loss, not the masking.
 A recipe may still set it to ``true`` for the peer alone (a deliberate, stated difference).
