@@ -421,7 +421,9 @@ def run_experiment(
             if run_in_own_process(config):
                 _run_in_child(config, source, resume_run, list(callbacks or []), bar)
             else:
-                run_rl(config, source=source, resume=resume_run, callbacks=[_progress_callback(bar), *(callbacks or [])])
+                run_rl(
+                    config, source=source, resume=resume_run, callbacks=[_progress_callback(bar), *(callbacks or [])]
+                )
             if not exp.keep_models:
                 for name in MODEL_DIRS:
                     shutil.rmtree(out / run / name, ignore_errors=True)

@@ -86,7 +86,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
@@ -838,7 +838,11 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         local = torch.cat([ent, *values]).to(torch.promote_types(ent.dtype, torch.float32))  # widening: exact
         gathered = self.accelerator.gather(local).view(self.accelerator.num_processes, -1)
         ent_sum = gathered[:, :2].to(ent.dtype).sum(dim=0)
-        reduce = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}
+        reduce: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+            "mean": torch.mean,
+            "max": torch.amax,
+            "min": torch.amin,
+        }
         row = [(ent_sum[0] / ent_sum[1].clamp(min=1.0)).reshape(1)]
         for i, key in enumerate(names):
             row.append(reduce[METRIC_REDUCTIONS.get(key, "mean")](gathered[:, 2 + i].to(torch.float32)).reshape(1))
