@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -168,6 +171,83 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
     # a finished experiment re-runs no training
     monkeypatch.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("a finished run was run again"))
     run_experiment(exp)
+
+
+@pytest.mark.parametrize(
+    "cuda, trainer, expected",
+    [(True, {}, True), (True, {"use_vllm": True}, True), (True, {"use_cpu": True}, False), (False, {}, False)],
+)
+def test_a_run_gets_its_own_process_on_a_cuda_machine(monkeypatch, cuda, trainer, expected):
+    """Issue 22 M1: a colocated vLLM engine (and the CUDA allocator) gives its GPU memory back only at process exit,
+    so on CUDA every run of the grid is a child process; on CPU runs stay in the experiment's process."""
+    from klear.experiment import run_in_own_process
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert run_in_own_process({"trainer": {"max_steps": 1, **trainer}}) is expected
+
+
+class _RecordPid(TrainerCallback):
+    """Writes the process id of the run's training process to ``path`` (pickled into a run's own process)."""
+
+    def __init__(self, path: str, fail: bool = False):
+        self.path, self.fail = path, fail
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        Path(self.path).write_text(str(os.getpid()))
+        if self.fail:
+            raise ValueError("planted failure in the run's own process")
+
+
+@pytest.mark.slow  # ~40 s on 2 loaded cores: two spawned processes import torch, transformers and TRL again
+def test_a_run_in_its_own_process_finishes_ticks_the_bar_and_raises_its_error_here(tmp_path, tiny_ckpt, monkeypatch):
+    """The faked CUDA decision makes the grid run each run in a spawned child (not this process's run_rl): the run
+    finishes, the progress bar counts its steps, the report is written, and the child's error is raised here."""
+    import klear.experiment as experiment
+
+    monkeypatch.setattr(experiment, "run_in_own_process", lambda config: True)
+    monkeypatch.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("the run ran in the experiment's process"))
+    ticks: list[int] = []
+
+    class Bar:
+        def __init__(self, *a, total, initial, **k):
+            self.n = initial
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def set_postfix_str(self, s):
+            pass
+
+        def update(self, n=1):
+            ticks.append(n)
+
+    monkeypatch.setattr("tqdm.auto.tqdm", Bar)
+    exp = _experiment(tmp_path, tiny_ckpt)
+    exp.arms = {"gppo": {}}
+    exp.base["trainer"]["max_steps"] = 1
+    pid = tmp_path / "pid"
+    report = run_experiment(exp, seeds=[0], callbacks=[_RecordPid(str(pid))])
+    assert int(pid.read_text()) != os.getpid()
+    assert (tmp_path / "exp/gppo/seed0/eval.json").is_file() and report.is_file()
+    assert sum(ticks) == 1  # one optimizer step, reported by the child
+    with pytest.raises(ValueError, match="planted failure in the run's own process"):
+        run_experiment(exp, seeds=[0], output_dir=tmp_path / "exp2", callbacks=[_RecordPid(str(pid), fail=True)])
+
+
+def test_a_run_s_own_process_raises_its_error_here_and_a_silent_death_names_the_run(monkeypatch):
+    """The child's ValueError comes back as a ValueError with its message; a child that dies without a result
+    (killed, out of memory) is a RuntimeError naming the run."""
+    from klear.experiment import _run_in_child
+
+    bar = SimpleNamespace(update=lambda n=1: pytest.fail("no step ran"))
+    with pytest.raises(ValueError, match="^exp.yaml: gppo/seed0: 'model' is required$"):
+        _run_in_child({"output_dir": "unused"}, "exp.yaml: gppo/seed0", False, [], bar)
+    monkeypatch.setattr("klear.experiment._child_run", os._exit)  # the child dies (a TypeError), nothing reported
+    with pytest.raises(RuntimeError, match=r"^exp.yaml: gppo/seed0: died: its process exited with code 1 without"):
+        _run_in_child({}, "exp.yaml: gppo/seed0", False, [], bar)
 
 
 def test_keep_models_keeps_final_and_checkpoints(tmp_path, tiny_ckpt):
@@ -347,6 +427,30 @@ def test_shipped_experiments_are_valid(path, tmp_path):
     exp = load_experiment(path.stem)
     runs = plan_runs(exp, exp.seeds, tmp_path)
     assert len(runs) == len(exp.arms) * len(exp.seeds) and exp.reference in exp.arms
+
+
+def test_no_arm_of_the_gpu_comparison_masks_vllm_samples(tmp_path):
+    """Issue 22 S3: TRL's default vllm_importance_sampling_correction (True: sequence masking of off-policy vLLM
+    samples) would act on the TRL peer arm only (klear's trainer has no such correction); every arm of
+    gppo_vs_baselines_gpu is built with it off, and the peer's own default is off."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from klear.rl.job import trainer_config
+    from klear.runs import trainer_arguments
+
+    exp = load_experiment("gppo_vs_baselines_gpu")
+    for run, config in plan_runs(exp, [0], tmp_path).items():
+        config_cls, section = trainer_config(config, run)
+        _, _, args = trainer_arguments(
+            {**config, "trainer": section}, source=run, config_cls=config_cls, machine_checks=False
+        )
+        assert args.use_vllm and args.vllm_importance_sampling_correction is False, run
+    assert "trainer.vllm_importance_sampling_correction" in exp.arms["trl_grpo"]  # stated in the report's arm table
+    trl_default = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}["vllm_importance_sampling_correction"]
+    assert trl_default is True  # what the peer would inherit
+    assert TRLPeerConfig(output_dir=str(tmp_path), use_cpu=True).vllm_importance_sampling_correction is False
 
 
 def test_report_names_a_shipped_file_by_its_repository_path():

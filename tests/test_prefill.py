@@ -75,3 +75,45 @@ def test_falls_back_when_rows_are_not_groups(model_tok):
         model, generate, ids, mask, group_size=2, generation_config=GenerationConfig(cache_implementation="static")
     )
     assert seen == [["attention_mask", "generation_config", "input_ids"]] * 3
+
+
+def test_all_processes_take_the_same_path_when_one_cannot_group(model_tok):
+    """Issue 22 (low): under sharded parameters every forward is a collective. Process 0's rows are groups, process
+    1's are not; with the agreement (an all-reduce, simulated) both skip the grouped prefill, so both run the same
+    forwards (none here: generate is a stub). Without it process 0 alone would run the prefill forward and hang."""
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=2)
+    rows = {0: ids, 1: ids[[0, 2, 1, 3, 4, 5]]}  # process 1: the rows are not groups of identical prompts
+    can_group = {0: True, 1: False}
+    forwards = {0: 0, 1: 0}
+    asked = []
+    for rank in (0, 1):
+        hook = model.register_forward_pre_hook(lambda *a, rank=rank: forwards.__setitem__(rank, forwards[rank] + 1))
+
+        def agree(local: bool, rank=rank) -> bool:  # the sum of both processes' flags == the number of processes
+            asked.append((rank, local))
+            return local and can_group[1 - rank]
+
+        try:
+            grouped_prefill_generate(
+                model, lambda **kw: kw["input_ids"], rows[rank], mask, group_size=2, generation_config=None, agree=agree
+            )
+        finally:
+            hook.remove()
+    assert asked == [(0, True), (1, False)]  # each process asked once, with its own decision
+    assert forwards == {0: 0, 1: 0}
+
+
+def test_the_grouped_path_runs_when_every_process_agrees(model_tok):
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=2)
+    calls = []
+    out = grouped_prefill_generate(
+        model,
+        lambda **kw: calls.append(kw.get("past_key_values", kw.get("cache"))) or kw["input_ids"],
+        ids,
+        mask,
+        group_size=2,
+        agree=lambda local: local,
+    )
+    assert torch.equal(out, ids) and calls[0] is not None  # decoding started from the prefilled cache

@@ -383,5 +383,21 @@ def test_drop_filtered_samples_with_nothing_kept_keeps_one_masked_sample_per_mic
     )
     assert [mb["advantages"].tolist() for mb in out] == [[0.0], [1.0]]
     assert [mb["klear_keep"].tolist() for mb in out] == [[False], [False]]
-    # a micro-batch whose only response is empty keeps one column (no zero-width tensors)
-    assert [mb["completion_ids"].size(1) for mb in out] == [1, 2]
+    # a filler keeps one column (no zero-width tensors), whatever its length (issue 22: fillers cost ~nothing)
+    assert [mb["completion_ids"].size(1) for mb in out] == [1, 1]
+
+
+def test_a_filler_only_micro_batch_is_cut_to_one_prompt_and_one_completion_token():
+    """Issue 22 (low): with fewer kept samples than micro-batches, the filtered fillers run one prompt token and one
+    completion token (they enter no loss term and no divisor); the kept sample's micro-batch is untouched."""
+    mbs = [_micro_batch([0, 1], [4, 3], [False, True]), _micro_batch([2, 3], [4, 4], [False, False])]
+    for mb in mbs:
+        mb["prompt_ids"] = torch.arange(10).view(2, 5) + 100 * mb["advantages"].long()[:, None]
+        mb["prompt_mask"] = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
+    kept, filler = drop_filtered_samples(mbs)
+    assert kept["klear_keep"].tolist() == [True] and filler["klear_keep"].tolist() == [False]
+    assert kept["completion_ids"].shape == (1, 3) and kept["prompt_ids"].shape == (1, 5)
+    assert kept["prompt_mask"].tolist() == [[0, 1, 1, 1, 1]]
+    for key in ("completion_ids", "completion_mask", "old_per_token_logps", "tool_mask"):
+        assert filler[key].shape == (1, 1), key
+    assert filler["prompt_ids"].tolist() == [[4]] and filler["prompt_mask"].tolist() == [[1]]  # row 0's last token

@@ -478,6 +478,7 @@ def test_two_processes_counts_make_the_averaged_gradient_the_global_one(tmp_path
                 (total / 2).tolist()
             )
             trainer._compute_loss(None, mb).backward()
+        trainer._flush_metrics()  # the metrics stay on the device until the logged step reads them
         logged = trainer._metrics["train"]["klear/num_loss_tokens"]
         assert logged == [(counts[0][i // ga, 0] + counts[1][i // ga, 0]).item() for i in range(len(mbs))]
 

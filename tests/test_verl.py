@@ -450,11 +450,17 @@ def test_recipe_overrides_compose_with_verl_config():
     script = (Path(__file__).resolve().parents[1] / "configs" / "verl" / "klear_rl.sh").read_text()
     body = script.split("exec python -m verl.trainer.main_ppo \\\n")[1]
     env = {"TRAIN": "t.parquet", "VAL": "v.parquet", "MODEL": "m", "LR": "1e-6", "MINI_BATCH": "16", "STAGE": "math"}
+    env.update(PROMPT_LENGTH="4096", RESPONSE_LENGTH="32768", NEED="36864", CONTEXT_LENGTH="36864")
+    # the context overrides the script adds for a 32K checkpoint (tests/test_verl_script.py checks when)
+    context = [
+        f"+actor_rollout_ref.{k}.max_position_embeddings=36864"
+        for k in ("model.override_config", "rollout.engine_kwargs.vllm.hf_overrides")
+    ]
     overrides = [
         re.sub(r"\$\{?(\w+)(:-(\w+))?\}?", lambda m: env.get(m.group(1), m.group(3) or ""), a)
         for a in shlex.split(body.replace("\\\n", " "))
-        if a != "$@"
-    ]
+        if a not in ("$@", "${CONTEXT_OVERRIDES[@]}")
+    ] + context
     with initialize_config_dir(
         config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"), version_base=None
     ):
@@ -470,6 +476,10 @@ def test_recipe_overrides_compose_with_verl_config():
         8,
     )
     assert cfg.trainer.v1.trainer_mode == "klear_sync" and not actor.use_kl_loss
+    rollout = cfg.actor_rollout_ref.rollout
+    assert (rollout.max_model_len, cfg.data.max_prompt_length + cfg.data.max_response_length) == (36864, 36864)
+    assert cfg.actor_rollout_ref.model.override_config.max_position_embeddings == 36864
+    assert rollout.engine_kwargs.vllm.hf_overrides.max_position_embeddings == 36864
 
 
 def test_check_plugin_refuses_when_verl_plugins_are_disabled(monkeypatch):

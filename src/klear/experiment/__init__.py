@@ -29,6 +29,13 @@ Disk: a run of the embedded model writes ~0.5 GB of final weights and ~1.6 GB of
 optimizer state), and the report reads none of them, so unless ``keep_models: true`` each run's ``final/``
 and ``checkpoints/`` are removed once the run has finished (its metrics, held-out files and config stay).
 
+Processes: on a CUDA machine each run is a child process of its own (:func:`run_in_own_process`): a colocated
+vLLM engine and the CUDA caching allocator give their GPU memory back only when their process ends, so a second
+run in the same process would fail vLLM's free-memory check (``gpu_memory_utilization`` of the whole device
+must be free when its engine starts). The child gets the run's recipe and ``callbacks`` (which must then be
+picklable) and reports its progress and its error to this process; starting it costs a few seconds (Python,
+torch and the libraries imported again), nothing next to a GPU run, so CPU runs stay in this process.
+
 Re-running: a finished run (its ``eval.json`` exists) is skipped. An unfinished run (killed) is an error
 unless ``resume=True`` (``--resume``): then a run with a checkpoint continues from its latest one
 (``klear rl --resume``), and a run killed before its first checkpoint is removed and restarted. A run whose
@@ -39,7 +46,9 @@ from __future__ import annotations
 
 import copy
 import json
+import queue
 import shutil
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +60,15 @@ _TOP_KEYS = {"name", "description", "base", "overrides", "arms", "reference", "s
 MODEL_DIRS = ("final", "checkpoints")  # what a finished run loses unless keep_models
 PLAN_FILE = "plan.json"
 
-__all__ = ["EXPERIMENT_DIR", "Experiment", "find_experiment", "load_experiment", "plan_runs", "run_experiment"]
+__all__ = [
+    "EXPERIMENT_DIR",
+    "Experiment",
+    "find_experiment",
+    "load_experiment",
+    "plan_runs",
+    "run_experiment",
+    "run_in_own_process",
+]
 
 
 @dataclass
@@ -263,6 +280,85 @@ def _progress_callback(bar):
     return Progress()
 
 
+def run_in_own_process(config: dict[str, Any]) -> bool:
+    """Whether ``klear experiment`` runs this run's recipe in a child process (module docstring): CUDA is
+    available and the recipe does not set ``trainer.use_cpu``."""
+    import torch
+
+    return bool(torch.cuda.is_available()) and not (config.get("trainer") or {}).get("use_cpu", False)
+
+
+class _QueueBar:
+    """Stands in for the parent's progress bar in a child process: each ``update(n)`` is put on ``ticks``."""
+
+    def __init__(self, ticks):
+        self.ticks = ticks
+
+    def update(self, n: int = 1) -> None:
+        self.ticks.put(n)
+
+
+# Errors a child process's run re-raises in the parent with the same type (anything else: RuntimeError).
+_CHILD_ERRORS = {e.__name__: e for e in (ValueError, FileNotFoundError, RuntimeError, KeyboardInterrupt)}
+
+
+def _child_run(config, source, resume, callbacks, ticks, result) -> None:
+    """A child process's run (:func:`_run_in_child`): ``run_rl``, then ``None`` or ``(type, message, traceback)``
+    on ``result``."""
+    from klear.rl.job import run_rl
+
+    try:
+        run_rl(config, source=source, resume=resume, callbacks=[_progress_callback(_QueueBar(ticks)), *callbacks])
+    except BaseException as e:  # every error goes to the parent, which raises it
+        result.put((type(e).__name__, str(e), traceback.format_exc()))
+        raise SystemExit(1) from None
+    result.put(None)
+
+
+def _run_in_child(config: dict[str, Any], source: str, resume: bool, callbacks: list, bar) -> None:
+    """``run_rl`` in a fresh (spawned) process, its optimizer steps ticking ``bar``; raises its error here.
+
+    Raises:
+        ValueError, FileNotFoundError, RuntimeError, KeyboardInterrupt: the child's, with its message; any other
+            error of the child (or a child that died without reporting, e.g. killed) as a ``RuntimeError``
+            naming ``source``.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA state
+    ticks, result = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_child_run, args=(config, source, resume, callbacks, ticks, result), daemon=False)
+    proc.start()
+    try:
+        while True:
+            try:
+                bar.update(ticks.get(timeout=0.5))
+            except queue.Empty:
+                if not proc.is_alive():
+                    break
+        proc.join()
+        while True:  # ticks flushed after the last poll
+            try:
+                bar.update(ticks.get_nowait())
+            except queue.Empty:
+                break
+        try:
+            outcome = result.get(timeout=5)
+        except queue.Empty:
+            outcome = ("died", f"its process exited with code {proc.exitcode} without a result", "")
+    except BaseException:  # e.g. Ctrl-C here: stop the child too
+        proc.terminate()
+        proc.join()
+        raise
+    if outcome is None:
+        return
+    name, message, child_traceback = outcome
+    error = _CHILD_ERRORS.get(name)
+    if error is not None:
+        raise error(message)
+    raise RuntimeError(f"{source}: {name}: {message} (in the run's own process)\n{child_traceback}".rstrip())
+
+
 def run_experiment(
     exp: Experiment,
     *,
@@ -278,7 +374,8 @@ def run_experiment(
         seeds: the seeds (default ``exp.seeds``).
         resume: continue unfinished (killed) runs (module docstring); without it an unfinished run is an error.
         output_dir: where the runs and report go (default ``exp.output_dir``).
-        callbacks: extra ``TrainerCallback`` objects given to every run.
+        callbacks: extra ``TrainerCallback`` objects given to every run (picklable when a run has its own process,
+            :func:`run_in_own_process`).
 
     Returns:
         The path of ``report.md``.
@@ -320,12 +417,13 @@ def run_experiment(
     with tqdm(total=total, initial=done_steps, desc=f"experiment {exp.name}", unit="step", dynamic_ncols=True) as bar:
         for run, config, resume_run in todo:
             bar.set_postfix_str(run)
-            run_rl(
-                config,
-                source=f"{exp.source}: {run}",
-                resume=resume_run,
-                callbacks=[_progress_callback(bar), *(callbacks or [])],
-            )
+            source = f"{exp.source}: {run}"
+            if run_in_own_process(config):
+                _run_in_child(config, source, resume_run, list(callbacks or []), bar)
+            else:
+                run_rl(
+                    config, source=source, resume=resume_run, callbacks=[_progress_callback(bar), *(callbacks or [])]
+                )
             if not exp.keep_models:
                 for name in MODEL_DIRS:
                     shutil.rmtree(out / run / name, ignore_errors=True)

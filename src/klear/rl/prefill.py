@@ -25,7 +25,15 @@ __all__ = ["grouped_prefill_generate"]
 
 
 def grouped_prefill_generate(
-    model, generate: Callable, input_ids, attention_mask, *, group_size: int, generation_config=None, **kwargs: Any
+    model,
+    generate: Callable,
+    input_ids,
+    attention_mask,
+    *,
+    group_size: int,
+    generation_config=None,
+    agree: Callable[[bool], bool] | None = None,
+    **kwargs: Any,
 ):
     """``generate(input_ids, attention_mask, ...)`` with the prompt prefilled once per group of identical rows.
 
@@ -36,6 +44,11 @@ def grouped_prefill_generate(
         attention_mask: ``(N, L)`` 0/1.
         group_size: ``G`` (``num_generations``).
         generation_config, kwargs: passed to ``generate``.
+        agree: with several processes, called once with whether THIS process can take the grouped path; returns
+            whether ALL processes can (one collective, e.g. ``GPPOTrainer._prefill_agreement``). The grouped path
+            adds one forward (the prefill): under sharded parameters (DeepSpeed ZeRO-3 without gathering for
+            generation, FSDP) every forward is a collective, so all processes must take the same path or they
+            hang. None: this process decides alone (one process, or parameters whole on every process).
 
     Returns:
         What ``generate`` returns (``(N, L + new)`` token ids).
@@ -59,6 +72,8 @@ def grouped_prefill_generate(
         ids = input_ids.view(n // group_size, group_size, length)
         mask = attention_mask.view(n // group_size, group_size, length)
         plain = not (bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all()))
+    if agree is not None:
+        plain = not agree(not plain)
     if plain:
         return generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs

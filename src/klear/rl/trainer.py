@@ -19,7 +19,8 @@ accumulation, checkpointing and logging. This module overrides these ``GRPOTrain
   (Eq. 14: ``L = L_pg + alpha * L_LM``) of the configured loss mode.
 * ``_generate_single_turn``: on the transformers path, each prompt is prefilled once per group
   (:func:`klear.rl.prefill.grouped_prefill_generate`); the samples are unchanged.
-* ``_generate`` and ``training_step``: timers only (``timing/<phase>_s``), which change nothing.
+* ``_generate`` and ``training_step``: timers only (``timing/<phase>_s``), which change nothing (on CUDA they
+  synchronise the device at each phase boundary, :func:`phase_clock`).
 
 All the math lives in ``klear.rl.losses`` and ``klear.rl.advantages``; this file only moves
 tensors and counts.
@@ -85,7 +86,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
@@ -218,6 +219,18 @@ class GPPOConfig(GRPOConfig):
 TIMING_PHASES = ("rollout", "generate", "reward", "old_log_prob", "forward_backward", "optimizer")
 
 
+def phase_clock(device: torch.device) -> float:
+    """``time.perf_counter()`` (seconds) read after the work queued on ``device`` has finished.
+
+    On CUDA, kernels run asynchronously: a clock read right after a phase's Python code returns would charge the
+    phase's still-running kernels to the next phase, so the stream is synchronised first
+    (``torch.cuda.synchronize(device)``). On any other device nothing is synchronised (no cost).
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 class _PhaseTimer(TrainerCallback):
     """Closes each optimizer step's timing window: ``optimizer`` is the time from the end of the step's last
     micro-batch to ``on_step_end`` (gradient clipping, ``optimizer.step``, LR scheduler, ``zero_grad``)."""
@@ -227,7 +240,7 @@ class _PhaseTimer(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         t = self.trainer
-        t._klear_time["optimizer"] += time.perf_counter() - t._klear_window_end
+        t._klear_time["optimizer"] += t._clock() - t._klear_window_end
         m = t._metrics["train"]
         for phase in TIMING_PHASES:
             m[f"timing/{phase}_s"].append(t._klear_time[phase])
@@ -356,7 +369,9 @@ def drop_filtered_samples(micro_batches: list[dict[str, Any]]) -> list[dict[str,
     micro-batches as evenly as possible, and each micro-batch's completion tensors are trimmed to its
     longest response, so filtered groups cost no forward/backward compute. If fewer samples are kept than
     there are micro-batches, filtered samples fill the gap (they stay masked out: ``klear_keep`` False), so no
-    micro-batch is empty. The loss is unchanged: filtered samples contributed neither terms nor tokens.
+    micro-batch is empty; such a filler-only micro-batch is cut to one completion token and (text models) its
+    prompt's last token, so its forward, backward and old-log-prob passes cost next to nothing. The loss and
+    its gradient are unchanged: filtered samples contributed neither terms nor tokens.
 
     Args:
         micro_batches: dicts of per-sample tensors ``(B_i, ...)``/lists plus shared scalars, with a
@@ -389,11 +404,17 @@ def drop_filtered_samples(micro_batches: list[dict[str, Any]]) -> list[dict[str,
                 mb[key] = [value[i] for i in idx.tolist()]
             else:
                 mb[key] = value
-        length = max(int(mb["completion_mask"].sum(dim=1).max()), 1)
+        filler = not bool(mb["klear_keep"].any())
+        # a filler's tokens enter no loss term and no divisor: one token of it is as good as all of them
+        length = 1 if filler else max(int(mb["completion_mask"].sum(dim=1).max()), 1)
         for key in _COMPLETION_KEYS:
             value = mb.get(key)
             if isinstance(value, torch.Tensor) and value.ndim == 2 and value.size(1) == full["completion_ids"].size(1):
                 mb[key] = value[:, :length]
+        prompt = isinstance(mb.get("prompt_ids"), torch.Tensor) and isinstance(mb.get("prompt_mask"), torch.Tensor)
+        if filler and prompt and all(mb.get(key) is None for key in _FORWARD_KEYS):  # text: no per-token extras
+            mb["prompt_ids"] = mb["prompt_ids"][:, -1:]  # left-padded: the last column is a prompt token
+            mb["prompt_mask"] = torch.ones_like(mb["prompt_mask"][:, -1:])
         out.append(mb)
     return out
 
@@ -503,7 +524,8 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
     rollout policy, :meth:`_old_log_probs`); ``forward_backward`` (loss forward and backward of every
     micro-batch) and ``optimizer`` (gradient clipping, ``optimizer.step``, scheduler, ``zero_grad``).
     ``rollout + old_log_prob + forward_backward + optimizer`` is the step's wall clock up to logging and
-    checkpointing.
+    checkpointing. On CUDA every phase boundary synchronises the device before reading the clock
+    (:func:`phase_clock`), so each phase is charged with its own asynchronous kernels.
     """
 
     _tag_names = ["trl", "grpo", "gppo", "klear"]
@@ -523,16 +545,20 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         self._klear_rollout: dict[str, Any] | None = None
         self._klear_in_rollout = False
         self._klear_time = dict.fromkeys(TIMING_PHASES, 0.0)  # seconds in the current optimizer step
-        self._klear_window_end = time.perf_counter()
+        self._klear_window_end = self._clock()
         self.add_callback(_PhaseTimer(self))
 
     # ------------------------------------------------------------------ where the time goes
+    def _clock(self) -> float:
+        """Seconds at a phase boundary, after this process's queued device work (:func:`phase_clock`)."""
+        return phase_clock(self.accelerator.device)
+
     def _timed(self, phase: str, fn, *args, **kwargs):
-        start = time.perf_counter()
+        start = self._clock()
         try:
             return fn(*args, **kwargs)
         finally:
-            self._klear_time[phase] += time.perf_counter() - start
+            self._klear_time[phase] += self._clock() - start
 
     def _generate(self, prompts):
         return self._timed("generate", super()._generate, prompts)
@@ -555,11 +581,33 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         from klear.rl.prefill import grouped_prefill_generate
 
         model = self.accelerator.unwrap_model(self.model_wrapped)
-        model.generate = functools.partial(grouped_prefill_generate, model, model.generate, group_size=num_generations)
+        model.generate = functools.partial(
+            grouped_prefill_generate,
+            model,
+            model.generate,
+            group_size=num_generations,
+            agree=self._prefill_agreement(),
+        )
         try:
             return super()._generate_single_turn(*args)
         finally:
             del model.generate  # the class's generate again
+
+    def _prefill_agreement(self):
+        """With several processes, the all-processes decision of :func:`klear.rl.prefill.grouped_prefill_generate`:
+        a function taking this process's "can group" and returning whether every process can (one all-reduce of a
+        0/1 flag and one host sync per rollout batch). Under sharded parameters (ZeRO-3, FSDP) each forward is a
+        collective, so a grouped prefill on some processes only would hang the others; the flag costs next to
+        nothing, so it is agreed whatever the sharding. None with one process."""
+        accelerator = self.accelerator
+        if accelerator.num_processes < 2:
+            return None
+
+        def agree(local: bool) -> bool:
+            flag = torch.tensor([1.0 if local else 0.0], device=accelerator.device)
+            return bool(accelerator.reduce(flag, reduction="sum").item() == accelerator.num_processes)
+
+        return agree
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         if torch.is_grad_enabled():  # the training forward (counted in forward_backward)
@@ -571,12 +619,12 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         return self._timed("old_log_prob", super()._get_per_token_logps_and_entropies, *args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        start = time.perf_counter()
+        start = self._clock()
         before = self._klear_time["rollout"] + self._klear_time["old_log_prob"]
         try:
             return super().training_step(model, inputs, num_items_in_batch)
         finally:
-            self._klear_window_end = time.perf_counter()
+            self._klear_window_end = self._clock()
             inside = self._klear_time["rollout"] + self._klear_time["old_log_prob"] - before
             self._klear_time["forward_backward"] += self._klear_window_end - start - inside
 
@@ -763,20 +811,65 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             num_sft_tokens=inputs["klear_num_sft_tokens"] if windowed else None,
         )
         loss, loss_metrics = total_loss(batch, settings)
+        self._micro_batch_metrics(mode, inputs, entropies, windowed, loss_metrics)
+        return loss
 
-        # Metrics (combined over processes; TRL averages them again over the logging interval).
+    # ------------------------------------------------------------------ metrics
+    def _micro_batch_metrics(
+        self,
+        mode: str,
+        inputs: dict[str, Any],
+        entropies: torch.Tensor,
+        windowed: bool,
+        loss_metrics: dict[str, torch.Tensor],
+    ) -> None:
+        """Queue one micro-batch's metrics, combined over processes, with ONE collective and no host sync.
+
+        The entropy sums (``(2,)``: entropy x completion mask, mask) and every loss metric (``(K,)``, float32) are
+        stacked into one vector and gathered once (``(num_processes, 2 + K)``); per column the entropies are summed
+        and each loss metric reduced by its :data:`klear.rl.losses.METRIC_REDUCTIONS` rule (mean, max, min) in its
+        own dtype, so the values are those of one reduce/gather per metric. They stay on the device until
+        :meth:`log` reads all the queued values with one host sync (:meth:`_flush_metrics`).
+        """
         token_mask = inputs["completion_mask"].float()
-        gather = self.accelerator.gather
-        m = self._metrics[mode]
         ent = torch.stack([(entropies.detach() * token_mask).sum(), token_mask.sum()])
-        ent = self.accelerator.reduce(ent, reduction="sum")
-        m["entropy"].append((ent[0] / ent[1].clamp(min=1.0)).item())
+        names = list(loss_metrics)
+        values = [v.to(dtype=torch.float32, device=ent.device).reshape(1) for v in loss_metrics.values()]
+        local = torch.cat([ent, *values]).to(torch.promote_types(ent.dtype, torch.float32))  # widening: exact
+        gathered = self.accelerator.gather(local).view(self.accelerator.num_processes, -1)
+        ent_sum = gathered[:, :2].to(ent.dtype).sum(dim=0)
+        reduce: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+            "mean": torch.mean,
+            "max": torch.amax,
+            "min": torch.amin,
+        }
+        row = [(ent_sum[0] / ent_sum[1].clamp(min=1.0)).reshape(1)]
+        for i, key in enumerate(names):
+            row.append(reduce[METRIC_REDUCTIONS.get(key, "mean")](gathered[:, 2 + i].to(torch.float32)).reshape(1))
+        keys: list[tuple[str, int]] = [("entropy", 1)] + [(f"klear/{key}", 1) for key in names]
         if windowed:  # the exact divisors of this optimizer step (all processes)
             n_proc = self.accelerator.num_processes
-            m["klear/num_loss_tokens"].append(inputs["klear_num_tokens"].item() * n_proc)
-            m["klear/num_sft_tokens"].append(inputs["klear_num_sft_tokens"].item() * n_proc)
-        reduce = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}
-        for key, value in loss_metrics.items():
-            value = value.to(dtype=torch.float32, device=log_prob.device).reshape(1)
-            m[f"klear/{key}"].append(reduce[METRIC_REDUCTIONS.get(key, "mean")](gather(value)).item())
-        return loss
+            keys += [("klear/num_loss_tokens", n_proc), ("klear/num_sft_tokens", n_proc)]
+            row += [inputs["klear_num_tokens"].reshape(1), inputs["klear_num_sft_tokens"].reshape(1)]
+        if not hasattr(self, "_klear_pending_metrics"):
+            self._klear_pending_metrics = []
+        self._klear_pending_metrics.append((mode, keys, torch.cat(row)))
+
+    def _flush_metrics(self) -> None:
+        """Append the queued micro-batch metrics to ``self._metrics`` (where TRL's ``log`` averages them), reading
+        them from the device with one host sync; a count metric is multiplied by the number of processes
+        (``klear_num_tokens`` is the per-process share of the step's count)."""
+        pending = getattr(self, "_klear_pending_metrics", None)
+        if not pending:
+            return
+        values = iter(torch.cat([row for _, _, row in pending]).tolist())
+        for mode, keys, _ in pending:
+            m = self._metrics[mode]
+            for key, scale in keys:
+                value = next(values)
+                m[key].append(value * scale if scale != 1 else value)
+        pending.clear()
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        self._flush_metrics()
+        super().log(logs, start_time)

@@ -17,6 +17,13 @@ The recipe's ``trainer`` section is read as for klear, with the GPPO settings ma
 * every other GPPO-only field (``beta1``, ``beta2``, ``erc_low``, ``erc_high``, ``zero_adv_criterion``,
   ``adv_epsilon``, ``correct_reward``) must be absent or at its default.
 
+vLLM importance-sampling correction: TRL's default (``vllm_importance_sampling_correction=True``,
+``vllm_importance_sampling_mode="sequence_mask"``) weights each vLLM sample's loss by its training/sampling
+sequence probability ratio and masks out the samples whose ratio exceeds 3; it acts only with ``use_vllm``. klear's
+trainer has no such correction (:class:`klear.rl.trainer.GPPOConfig` refuses it), so the peer's default is
+``False`` too: both arms then train on every sample, and a comparison measures the loss, not the masking.
+A recipe may still set it to ``true`` for the peer alone (a deliberate, stated difference).
+
 Advantage scale (``trainer.adv_std``): TRL divides by the SAMPLE std of the group (Bessel's correction,
 ``trl.trainer.utils.nanstd``) plus 1e-4; klear by the POPULATION std of Eq. 4 plus 1e-6 (paper Eq. 4,
 Sec. 3.2). For G samples the TRL advantages are smaller by ``sqrt((G - 1) / G)`` (0.935 for G = 8).
@@ -63,7 +70,8 @@ _MAPPED = {"clip_ratio_low": "epsilon", "clip_ratio_high": "epsilon_high"}
 @dataclasses.dataclass
 class TRLPeerConfig(GRPOConfig):
     """``GRPOConfig`` with the peer arm's defaults (``loss_type="dapo"``, ``epsilon=0.2``, ``epsilon_high=0.28``,
-    ``beta=0``) and ``adv_std`` (see the module docstring).
+    ``beta=0``, ``vllm_importance_sampling_correction=False`` as klear's trainer, where TRL's default is True)
+    and ``adv_std`` (see the module docstring).
 
     Raises:
         ValueError: ``adv_std`` not in :data:`ADV_STD_CHOICES`, or ``population`` without ``scale_rewards="group"``;
@@ -74,6 +82,10 @@ class TRLPeerConfig(GRPOConfig):
     epsilon: float = 0.2
     epsilon_high: float | None = 0.28
     beta: float = 0.0
+    vllm_importance_sampling_correction: bool = dataclasses.field(
+        default=False,
+        metadata={"help": "TRL's vLLM sequence masking (TRL's default True); False: as klear's trainer (no masking)."},
+    )
     adv_std: str = dataclasses.field(
         default="sample",
         metadata={"help": "'sample': TRL's group std (ddof 1); 'population': rescaled to klear's Eq. 4 (ddof 0)."},
