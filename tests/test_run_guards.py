@@ -242,3 +242,15 @@ def test_the_filter_is_narrow():
         (UserWarning, "`gradient_che"),
         (FutureWarning, "`use_cache` i"),
     ]
+
+
+def test_rl_on_a_trl_older_than_its_hooks_is_one_line_before_any_work(tmp_path, tiny_ckpt, capsys, monkeypatch):
+    """The klear[verl] environment pins TRL < 1.13 (verl imports trl.experimental.ppo); klear rl's trainers subclass
+    TRL 1.16's hooks, so there it must refuse in one line, not fail inside TRL after the model loaded."""
+    import trl
+
+    monkeypatch.setattr(trl, "__version__", "1.12.0")
+    assert main(["rl", "--config", str(_rl_recipe(tmp_path, tiny_ckpt))]) == 2
+    line = _one_error_line(capsys, "rl")
+    assert "TRL >= 1.16" in line and "1.12.0" in line
+    assert not (tmp_path / "run").exists()

@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 _TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "reward", "trainer_impl", "context_length"}
 # trainer_impl: "klear" (GPPOTrainer) or "trl_grpo" (plain TRL GRPOTrainer, klear.rl.trl_peer)
 TRAINER_IMPLS = ("klear", "trl_grpo")
+# GPPOTrainer overrides TRL 1.16's private GRPOTrainer hooks (klear.rl.trainer); TRL 1.12 already differs
+# (``_generate_single_turn`` takes other arguments). The klear[verl] environment pins TRL < 1.13 for verl.
+MIN_TRL = (1, 16)
 _DATA_KEYS = {
     "train",
     "heldout",
@@ -93,6 +96,7 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     impl = config.get("trainer_impl", "klear")
     if impl not in TRAINER_IMPLS:
         raise ValueError(f"{source}: trainer_impl={impl!r} must be one of {TRAINER_IMPLS}")
+    check_trl_version()
     config_cls, trainer = trainer_config(config, source)
     check_trainer_section(trainer, config_cls, source)
     # every check the run makes on its trainer arguments (TRL's, GPPOConfig's, ranges, vLLM on CPU), now: a later
@@ -108,6 +112,23 @@ def plan_rl(config: dict[str, Any], *, source: str = "config", **target: Any):
     validate_job_config(config, source)
     config_cls, trainer = trainer_config(config, source)
     return dry_run({**config, "trainer": trainer}, source=source, config_cls=config_cls, **target)
+
+
+def check_trl_version() -> None:
+    """Refuse a TRL older than :data:`MIN_TRL` (``klear rl``'s trainers subclass its private hooks).
+
+    Raises:
+        ValueError: one line naming the installed version and the fix.
+    """
+    import trl
+    from packaging.version import Version
+
+    if Version(trl.__version__).release[:2] < MIN_TRL:
+        need = ".".join(map(str, MIN_TRL))
+        raise ValueError(
+            f"klear rl needs TRL >= {need} (installed: {trl.__version__}; the klear[verl] environment pins TRL < 1.13 "
+            f"for verl's FSDP engine): run klear rl in an environment with pip install 'trl>={need},<1.17'"
+        )
 
 
 def trainer_config(config: dict[str, Any], source: str) -> tuple[type, dict[str, Any]]:
