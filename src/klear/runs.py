@@ -729,8 +729,12 @@ def prepare_run(
     resume: bool | str,
     config_cls: type,
     trainer_defaults: dict[str, Any] | None = None,
+    plan_memory: bool = True,
 ) -> RunSetup:
     """Resolve a validated recipe into a :class:`RunSetup`: resume checkpoint, precision, trainer arguments, model.
+
+    ``plan_memory``: check the memory plan here (:func:`guard_memory`); ``klear rl`` passes ``False`` and checks
+    it once its prompts are read (a plan at the whole context would refuse e.g. rl_demo on any GPU).
 
     Trainer defaults (unless the recipe sets them): ``seed`` = the run's seed, ``logging_steps=1``,
     ``report_to=["tensorboard"]`` (events under ``<output_dir>/tensorboard``), then ``trainer_defaults``.
@@ -760,19 +764,9 @@ def prepare_run(
     if resume:
         check_checkpoint_model(resume, model_config, str(config["model"]), flag=flag)
     context, checkpoint_context = run_context(config, model_config)
-    plan = None
-    if precision.device == "cuda":  # before any weights load; CPU runs are not planned
-        strategy, processes = launch_strategy()
-        plan = check_memory_plan(
-            config,
-            args,
-            model_config,
-            source=source,
-            strategy=strategy,
-            processes=processes,
-            device_bytes=cuda_device_memory(),
-            context=context,
-        )
+    setup = RunSetup(out, resume, seed, trainer_cfg, precision, args, model_path, model_config, context)
+    if plan_memory:
+        setup.memory_plan = guard_memory(config, setup, source=source)
     if context > checkpoint_context > 0:
         model_path = raised_context_checkpoint(model_path, context)
         model_config = AutoConfig.from_pretrained(model_path)
@@ -781,8 +775,35 @@ def prepare_run(
             f"(checkpoint view {model_path})",
             flush=True,
         )
+        setup.model_path, setup.model_config = model_path, model_config
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
-    return RunSetup(out, resume, seed, trainer_cfg, precision, args, model_path, model_config, context, plan)
+    return setup
+
+
+def guard_memory(config: dict[str, Any], setup: RunSetup, *, source: str, prompt_tokens: int | None = None):
+    """On CUDA, before any weights load: :func:`check_memory_plan` with the launch's strategy and process count
+    (:func:`launch_strategy`) and the device's memory. ``prompt_tokens``: the longest prompt (``klear rl``).
+
+    Returns:
+        The plan (it fits), or ``None`` off CUDA (CPU runs are not planned).
+
+    Raises:
+        ValueError: see :func:`check_memory_plan`.
+    """
+    if setup.precision.device != "cuda":
+        return None
+    strategy, processes = launch_strategy()
+    return check_memory_plan(
+        config,
+        setup.args,
+        setup.model_config,
+        source=source,
+        strategy=strategy,
+        processes=processes,
+        device_bytes=cuda_device_memory(),
+        context=setup.context,
+        prompt_tokens=prompt_tokens,
+    )
 
 
 # ----------------------------------------------------------------------------- context length and the memory plan
@@ -895,12 +916,21 @@ def _gpu_setting(trainer: dict[str, Any], args, key: str) -> bool:
 
 
 def recipe_memory_plan(
-    config: dict[str, Any], args, model_config, *, strategy: str, processes: int, device_bytes: int, context: int
+    config: dict[str, Any],
+    args,
+    model_config,
+    *,
+    strategy: str,
+    processes: int,
+    device_bytes: int,
+    context: int,
+    prompt_tokens: int | None = None,
 ):
     """The per-GPU :class:`klear.memory.MemoryPlan` of a recipe on a GPU machine (:func:`klear.memory.plan_memory`).
 
-    ``klear rl`` (arguments with ``num_generations``): sequences of ``context`` tokens (prompt + response, the
-    run's context), scored on ``max_completion_length`` tokens, the colocated engine's
+    ``klear rl`` (arguments with ``num_generations``): sequences of the longest prompt (``prompt_tokens``, once
+    the data is read) + ``max_completion_length`` tokens, at most ``context`` (without ``prompt_tokens``: the
+    run's whole context, an upper bound), scored on ``max_completion_length`` tokens, the colocated engine's
     ``vllm_gpu_memory_utilization`` and ``vllm_enable_sleep_mode``. ``klear sft``: sequences of ``max_length``
     tokens (or ``context``), all scored. Precision and checkpointing as a GPU resolves the recipe (``auto``: on).
     """
@@ -909,7 +939,12 @@ def recipe_memory_plan(
     trainer = config.get("trainer") or {}
     mixed = _gpu_setting(trainer, args, "bf16") or bool(trainer.get("fp16", False))
     rl = hasattr(args, "num_generations")
-    seq = int(context or 0) if rl else int(getattr(args, "max_length", None) or context or 0)
+    seq = int(getattr(args, "max_length", None) or context or 0)
+    if rl:
+        seq = int(context or 0)
+        if prompt_tokens is not None:
+            response = int(prompt_tokens) + int(args.max_completion_length)
+            seq = min(seq, response) if seq else response
     if seq < 1:
         raise ValueError("memory plan: the model's context is unknown (no max_position_embeddings): set context_length")
     colocated = rl and bool(getattr(args, "use_vllm", False)) and getattr(args, "vllm_mode", None) == "colocate"
@@ -928,7 +963,9 @@ def recipe_memory_plan(
     )
 
 
-def _plan_fix(config: dict[str, Any], args, model_config, plan, context: int) -> str:
+def _plan_fix(
+    config: dict[str, Any], args, model_config, plan, context: int, prompt_tokens: int | None = None
+) -> str:
     """The first change that makes ``plan`` fit, as an instruction."""
     import copy
 
@@ -946,6 +983,7 @@ def _plan_fix(config: dict[str, Any], args, model_config, plan, context: int) ->
             processes=plan.processes,
             device_bytes=plan.device_bytes,
             context=context,
+            prompt_tokens=prompt_tokens,
         ).fits
 
     if plan.strategy != "zero3" and fits("zero3"):
@@ -977,6 +1015,7 @@ def check_memory_plan(
     processes: int,
     device_bytes: int,
     context: int,
+    prompt_tokens: int | None = None,
 ):
     """Refuse a launch whose per-GPU memory plan (:func:`recipe_memory_plan`) cannot fit the device.
 
@@ -997,6 +1036,7 @@ def check_memory_plan(
         processes=processes,
         device_bytes=device_bytes,
         context=context,
+        prompt_tokens=prompt_tokens,
     )
     if plan.fits:
         return plan
@@ -1006,7 +1046,7 @@ def check_memory_plan(
         f"{source}: memory plan: ~{plan.peak / GIB:.1f} GiB per GPU{phase} with {strategy} on {processes} "
         f"process(es) ({', '.join(f'{k} {v / GIB:.1f}' for k, v in parts)} GiB) exceeds the device's "
         f"{device_bytes / GIB:.1f} GiB less a {plan.margin_share:.0%} margin: "
-        f"{_plan_fix(config, args, model_config, plan, context)}"
+        f"{_plan_fix(config, args, model_config, plan, context, prompt_tokens)}"
     )
 
 
@@ -1063,6 +1103,12 @@ def dry_run(
         raise ValueError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
     raised = f" (raised from the checkpoint's {checkpoint_context})" if context > checkpoint_context > 0 else ""
     print(f"recipe valid; context {context} tokens{raised}; no weights loaded", flush=True)
+    if hasattr(args, "num_generations"):
+        print(
+            "sequences planned at the whole context (data not read: an upper bound); the run plans its longest "
+            "prompt + trainer.max_completion_length",
+            flush=True,
+        )
     plan = recipe_memory_plan(
         config, args, model_config, strategy=strategy, processes=gpus, device_bytes=device_bytes, context=context
     )

@@ -235,6 +235,7 @@ def run_rl(
         eval_fields,
         eval_settings,
         finish_run,
+        guard_memory,
         heldout_eval,
         prepare_run,
         start_run,
@@ -249,7 +250,8 @@ def run_rl(
         from klear.rl.trl_peer import TRLPeerTrainer
 
         trainer_cls = TRLPeerTrainer
-    setup = prepare_run(config, source=source, resume=resume, config_cls=config_cls)
+    # the memory plan is checked once the prompts are read (their length, not the whole context), before weights load
+    setup = prepare_run(config, source=source, resume=resume, config_cls=config_cls, plan_memory=False)
     out, args, seed = setup.out, setup.args, setup.seed
     tokenizer = AutoTokenizer.from_pretrained(setup.model_path, padding_side="left")
     if tokenizer.pad_token is None:
@@ -258,9 +260,6 @@ def run_rl(
     t0 = time.time()  # datasets and prompt lengths are checked before the run directory exists
     train, heldout = _build_datasets(config["data"], seed)
     context = setup.context  # the recipe's context_length, else the checkpoint's max_position_embeddings
-    eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
-    eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=context or int(eval_cfg["max_new_tokens"]))
-    do_eval = heldout is not None and eval_cfg["enabled"]
     longest = check_prompt_context(
         tokenizer,
         train,
@@ -270,6 +269,10 @@ def run_rl(
         where=f"data.train={config['data'].get('train', 'reasoning_gym')}",
         chat_template_kwargs=args.chat_template_kwargs,
     )
+    setup.memory_plan = guard_memory(config, setup, source=source, prompt_tokens=longest)
+    eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
+    eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=context or int(eval_cfg["max_new_tokens"]))
+    do_eval = heldout is not None and eval_cfg["enabled"]
     # the colocated vLLM engine's context and (CPU) memory, sized from the data unless the recipe sets them
     try:
         engine = rollout_engine_settings(
