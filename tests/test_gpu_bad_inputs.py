@@ -50,3 +50,43 @@ def test_rl_guard_plans_the_runs_prompts_not_the_checkpoints_whole_context(
     )
     with pytest.raises(_ReachedTheModel):
         run_rl(config, source="rl_demo")
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1"])
+def test_dry_run_refuses_a_gpu_memory_that_is_not_a_finite_positive_number(value, capsys):
+    from klear.cli import main
+
+    assert main(["rl", "--config", "rl_demo", "--dry-run", "--gpus", "1", "--gpu-memory-gb", value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("klear rl: error: --gpu-memory-gb ") and "expected a finite number > 0" in err[-1]
+
+
+@pytest.mark.parametrize("context_length", [1000, 32768])
+def test_rl_context_length_must_exceed_the_response_budget(context_length):
+    # rl_math_klear: max_completion_length 32768; a context that cannot hold one prompt token + the response
+    # would otherwise pass --dry-run ("recipe valid") and refuse every prompt at run time
+    from klear.rl.job import validate_job_config
+
+    config, _ = load_config(
+        "rl_math_klear", ["model=embedded", "data.train=x.jsonl", f"context_length={context_length}"]
+    )
+    with pytest.raises(ValueError) as err:
+        validate_job_config(config, "rl_math_klear")
+    assert f"context_length={context_length}" in str(err.value)
+    assert "trainer.max_completion_length=32768" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_sft_context_length_must_hold_max_length():
+    from klear.sft.job import validate_sft_config
+
+    config, _ = load_config(
+        "sft_klear",
+        [
+            "model=embedded",
+            "data.train=x.jsonl",
+            "context_length=1000",
+            "trainer.model_init_kwargs.attn_implementation=sdpa",
+        ],
+    )
+    with pytest.raises(ValueError, match=r"context_length=1000 .*trainer\.max_length=32768"):
+        validate_sft_config(config, "sft_klear")

@@ -101,6 +101,22 @@ def check_int(source: str, where: str, value: Any, minimum: int, *, allow_none: 
         )
 
 
+def check_context_holds(config: dict[str, Any], source: str, field: str, tokens: int | None, minimum: int) -> None:
+    """Refuse a recipe ``context_length`` below ``minimum`` tokens: the sequences of ``field`` (``tokens``) with,
+    for ``klear rl``, at least one prompt token. ``tokens`` ``None`` (no limit) and no ``context_length``: nothing
+    to check.
+
+    Raises:
+        ValueError: one line naming ``context_length``, ``field`` and the numbers.
+    """
+    context = config.get("context_length")
+    if context is not None and tokens is not None and int(context) < minimum:
+        raise ValueError(
+            f"{source}: context_length={context} cannot hold {field}={tokens} (needs >= {minimum} tokens): raise "
+            f"context_length or lower {field}"
+        )
+
+
 def check_trainer_section(trainer: Any, config_cls: type, source: str) -> None:
     """Check a recipe's ``trainer`` section against the fields of a ``TrainingArguments`` dataclass.
 
@@ -1094,8 +1110,8 @@ def dry_run(
         if not torch.cuda.is_available():
             raise ValueError("--dry-run: no CUDA GPU here; give the target's memory with --gpu-memory-gb (e.g. 80)")
         device_bytes = cuda_device_memory()
-    elif not gpu_memory_gb > 0:
-        raise ValueError(f"--gpu-memory-gb {gpu_memory_gb}: expected > 0")
+    elif not 0 < gpu_memory_gb < float("inf"):
+        raise ValueError(f"--gpu-memory-gb {gpu_memory_gb}: expected a finite number > 0 (GB per GPU, e.g. 80)")
     else:
         device_bytes = int(gpu_memory_gb * 10**9)
     strategy = strategy or launched

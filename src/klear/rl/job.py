@@ -59,7 +59,7 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
             a trainer field that :class:`GPPOConfig` rejects, or ``use_vllm`` that cannot run on this
             machine (:func:`klear.integrations.vllm.cpu_rollout_settings`).
     """
-    from klear.runs import check_eval_section, check_int, check_trainer_section, trainer_arguments
+    from klear.runs import check_context_holds, check_eval_section, check_int, check_trainer_section, trainer_arguments
     from klear.runs import check_section_keys as _check_keys
 
     _check_keys(config, _TOP_KEYS, "the top level", source)
@@ -101,7 +101,11 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     check_trainer_section(trainer, config_cls, source)
     # every check the run makes on its trainer arguments (TRL's, GPPOConfig's, ranges, vLLM on CPU), now: a later
     # arm of an experiment must not fail after the earlier ones ran
-    trainer_arguments({**config, "trainer": trainer}, source=source, config_cls=config_cls, machine_checks=False)
+    _, _, args = trainer_arguments(
+        {**config, "trainer": trainer}, source=source, config_cls=config_cls, machine_checks=False
+    )
+    completion = int(args.max_completion_length)  # a prompt of one token + the response budget
+    check_context_holds(config, source, "trainer.max_completion_length", completion, completion + 1)
 
 
 def plan_rl(config: dict[str, Any], *, source: str = "config", **target: Any):
