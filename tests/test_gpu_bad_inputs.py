@@ -90,3 +90,48 @@ def test_sft_context_length_must_hold_max_length():
     )
     with pytest.raises(ValueError, match=r"context_length=1000 .*trainer\.max_length=32768"):
         validate_sft_config(config, "sft_klear")
+
+
+_LAUNCH_VARS = (
+    "ACCELERATE_USE_DEEPSPEED",
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+    "ACCELERATE_USE_FSDP",
+    "WORLD_SIZE",
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc'"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0'"),
+        ({"WORLD_SIZE": "-2"}, "WORLD_SIZE='-2'"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "garbage"}, "ZERO_STAGE='garbage'"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "[1, 2]"}, "ds.json"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": '{"zero_optimization": null}'}, "ds.json"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{not json"}, "ds.json"),
+    ],
+)
+def test_launch_strategy_names_a_bad_launch_variable(env, named, monkeypatch, tmp_path):
+    # garbage used to be planned as plain DDP (the guard then told a DeepSpeed user to launch with zero3.yaml),
+    # or raised "invalid literal for int()" / an AttributeError traceback
+    for var in _LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for key, value in env.items():
+        if key == "ACCELERATE_DEEPSPEED_CONFIG_FILE":
+            (tmp_path / "ds.json").write_text(value)
+            value = str(tmp_path / "ds.json")
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match=named) as err:
+        runs.launch_strategy()
+    assert "\n" not in str(err.value) and "expected" in str(err.value)
+
+
+def test_launch_strategy_deepspeed_stage_0_is_ddp(monkeypatch):
+    for var in _LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert runs.launch_strategy() == ("ddp", 2)

@@ -897,20 +897,39 @@ def launch_strategy() -> tuple[str, int]:
     (``accelerate/utils/launch.py``): ``ACCELERATE_USE_DEEPSPEED`` with ``ACCELERATE_DEEPSPEED_ZERO_STAGE`` (or the
     ``zero_optimization.stage`` of ``ACCELERATE_DEEPSPEED_CONFIG_FILE``) -> ``zero1``/``zero2``/``zero3``;
     ``ACCELERATE_USE_FSDP`` -> ``fsdp2`` (FSDP1's full sharding holds the same memory); otherwise ``ddp``.
-    Processes: ``WORLD_SIZE`` (1 without a launcher)."""
+    Processes: ``WORLD_SIZE`` (1 without a launcher).
+
+    Raises:
+        ValueError: ``WORLD_SIZE`` not an integer >= 1, a ZeRO stage other than 0-3, or a DeepSpeed config file
+            that is missing, not JSON or without a ``zero_optimization`` mapping (one line naming the variable).
+    """
     import os
 
     env = os.environ
-    processes = int(env.get("WORLD_SIZE") or 1)
+    world = env.get("WORLD_SIZE") or "1"
+    try:
+        processes = int(world)
+    except ValueError:
+        processes = 0
+    if processes < 1:
+        raise ValueError(f"launch: WORLD_SIZE={world!r}: expected an integer >= 1 (the number of processes)")
     if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+        where = f"ACCELERATE_DEEPSPEED_ZERO_STAGE={stage!r}"
         ds_file = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
-        if stage is None and ds_file and Path(ds_file).is_file():
+        if stage is None and ds_file:
+            where = f"ACCELERATE_DEEPSPEED_CONFIG_FILE={ds_file}"
             try:
-                stage = str(json.loads(Path(ds_file).read_text()).get("zero_optimization", {}).get("stage", 0))
-            except (OSError, ValueError):
-                stage = None
-        return {"1": "zero1", "2": "zero2", "3": "zero3"}.get(str(stage), "ddp"), processes
+                zero = json.loads(Path(ds_file).read_text()).get("zero_optimization", {})
+                stage = str(zero.get("stage", 0))
+            except (OSError, ValueError, AttributeError):
+                raise ValueError(
+                    f"launch: {where}: expected a readable DeepSpeed JSON config with a zero_optimization mapping"
+                ) from None
+        strategy = {"0": "ddp", "1": "zero1", "2": "zero2", "3": "zero3"}.get(str(stage if stage is not None else 0))
+        if strategy is None:
+            raise ValueError(f"launch: {where} (ZeRO stage {stage!r}): expected 0, 1, 2 or 3")
+        return strategy, processes
     if env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
         return "fsdp2", processes
     return "ddp", processes
