@@ -135,3 +135,16 @@ def test_launch_strategy_deepspeed_stage_0_is_ddp(monkeypatch):
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert runs.launch_strategy() == ("ddp", 2)
+
+
+def test_an_older_eval_before_json_is_paired_only_with_a_float32_hf_after():
+    # an eval_before.json written before eval_dtype/eval_backend existed was decoded by HF generate on the
+    # unprepared fp32 module (issue 22 S1): pairing it with a bf16 "after" compares two precisions
+    from klear.runs import eval_fields
+
+    older = {"accuracy": 0.5, "per_problem": [1, 0]}
+    with pytest.raises(ValueError, match=r"eval_before\.json .*eval_dtype.*'float32'.*'bfloat16'") as err:
+        eval_fields(older, {"eval_dtype": "bfloat16", "eval_backend": "hf"})
+    assert "\n" not in str(err.value)
+    fp32 = {"eval_dtype": "float32", "eval_backend": "hf"}
+    assert eval_fields(older, fp32) == fp32  # a CPU run resumed across the upgrade

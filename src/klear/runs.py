@@ -608,19 +608,25 @@ def heldout_eval(
 
 
 def eval_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """``eval.json``'s ``eval_dtype`` and ``eval_backend``: those of the "after" evaluation (a resumed run's saved
-    "before" predating them has none).
+    """``eval.json``'s ``eval_dtype`` and ``eval_backend``: those of the "after" evaluation.
+
+    A resumed run's saved "before" written by a klear that did not record them was decoded by HF ``generate`` on
+    the unprepared module, in its float32 weights: it counts as ``float32``/``hf``.
 
     Raises:
         ValueError: "before" was decoded in another dtype or backend than "after" (the paired difference would
             compare two precisions).
     """
     fields = {key: after.get(key) for key in ("eval_dtype", "eval_backend")}
+    older = {"eval_dtype": "float32", "eval_backend": "hf"}  # what a "before" without these fields was
     for key, value in fields.items():
-        if key in before and before[key] != value:
+        saved = before.get(key, older[key])
+        if saved != value:
+            recorded = "has" if key in before else f"predates {key} (an older klear decoded it with"
             raise ValueError(
-                f"eval_before.json has {key}={before[key]!r} but the evaluation after training {value!r}: the paired "
-                "difference needs both in one precision and backend (rerun without --resume)"
+                f"eval_before.json {recorded} {key}={saved!r}{'' if key in before else ')'} but the evaluation after "
+                f"training {value!r}: the paired difference needs both in one precision and backend (rerun without "
+                "--resume)"
             )
     return fields
 
