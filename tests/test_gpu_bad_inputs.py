@@ -45,9 +45,7 @@ def test_rl_guard_plans_the_runs_prompts_not_the_checkpoints_whole_context(
         raise _ReachedTheModel
 
     monkeypatch.setattr(vllm_integration, "build_trainer", reached)
-    config, _ = load_config(
-        "rl_demo", [f"output_dir={tmp_path / 'run'}", "data.train_size=16", "data.heldout_size=4"]
-    )
+    config, _ = load_config("rl_demo", [f"output_dir={tmp_path / 'run'}", "data.train_size=16", "data.heldout_size=4"])
     with pytest.raises(_ReachedTheModel):
         run_rl(config, source="rl_demo")
 
@@ -109,7 +107,7 @@ _LAUNCH_VARS = (
         ({"WORLD_SIZE": "-2"}, "WORLD_SIZE='-2'"),
         ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "garbage"}, "ZERO_STAGE='garbage'"),
         ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "[1, 2]"}, "ds.json"),
-        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": '{"zero_optimization": null}'}, "ds.json"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": '{"zero_optimization": 1}'}, "ds"),
         ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{not json"}, "ds.json"),
     ],
 )

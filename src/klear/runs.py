@@ -1004,9 +1004,7 @@ def recipe_memory_plan(
     )
 
 
-def _plan_fix(
-    config: dict[str, Any], args, model_config, plan, context: int, prompt_tokens: int | None = None
-) -> str:
+def _plan_fix(config: dict[str, Any], args, model_config, plan, context: int, prompt_tokens: int | None = None) -> str:
     """The first change that makes ``plan`` fit, as an instruction."""
     import copy
 
