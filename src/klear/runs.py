@@ -101,6 +101,22 @@ def check_int(source: str, where: str, value: Any, minimum: int, *, allow_none: 
         )
 
 
+def check_context_holds(config: dict[str, Any], source: str, field: str, tokens: int | None, minimum: int) -> None:
+    """Refuse a recipe ``context_length`` below ``minimum`` tokens: the sequences of ``field`` (``tokens``) with,
+    for ``klear rl``, at least one prompt token. ``tokens`` ``None`` (no limit) and no ``context_length``: nothing
+    to check.
+
+    Raises:
+        ValueError: one line naming ``context_length``, ``field`` and the numbers.
+    """
+    context = config.get("context_length")
+    if context is not None and tokens is not None and int(context) < minimum:
+        raise ValueError(
+            f"{source}: context_length={context} cannot hold {field}={tokens} (needs >= {minimum} tokens): raise "
+            f"context_length or lower {field}"
+        )
+
+
 def check_trainer_section(trainer: Any, config_cls: type, source: str) -> None:
     """Check a recipe's ``trainer`` section against the fields of a ``TrainingArguments`` dataclass.
 
@@ -592,19 +608,25 @@ def heldout_eval(
 
 
 def eval_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """``eval.json``'s ``eval_dtype`` and ``eval_backend``: those of the "after" evaluation (a resumed run's saved
-    "before" predating them has none).
+    """``eval.json``'s ``eval_dtype`` and ``eval_backend``: those of the "after" evaluation.
+
+    A resumed run's saved "before" written by a klear that did not record them was decoded by HF ``generate`` on
+    the unprepared module, in its float32 weights: it counts as ``float32``/``hf``.
 
     Raises:
         ValueError: "before" was decoded in another dtype or backend than "after" (the paired difference would
             compare two precisions).
     """
     fields = {key: after.get(key) for key in ("eval_dtype", "eval_backend")}
+    older = {"eval_dtype": "float32", "eval_backend": "hf"}  # what a "before" without these fields was
     for key, value in fields.items():
-        if key in before and before[key] != value:
+        saved = before.get(key, older[key])
+        if saved != value:
+            recorded = "has" if key in before else f"predates {key} (an older klear decoded it with"
             raise ValueError(
-                f"eval_before.json has {key}={before[key]!r} but the evaluation after training {value!r}: the paired "
-                "difference needs both in one precision and backend (rerun without --resume)"
+                f"eval_before.json {recorded} {key}={saved!r}{'' if key in before else ')'} but the evaluation after "
+                f"training {value!r}: the paired difference needs both in one precision and backend (rerun without "
+                "--resume)"
             )
     return fields
 
@@ -729,8 +751,12 @@ def prepare_run(
     resume: bool | str,
     config_cls: type,
     trainer_defaults: dict[str, Any] | None = None,
+    plan_memory: bool = True,
 ) -> RunSetup:
     """Resolve a validated recipe into a :class:`RunSetup`: resume checkpoint, precision, trainer arguments, model.
+
+    ``plan_memory``: check the memory plan here (:func:`guard_memory`); ``klear rl`` passes ``False`` and checks
+    it once its prompts are read (a plan at the whole context would refuse e.g. rl_demo on any GPU).
 
     Trainer defaults (unless the recipe sets them): ``seed`` = the run's seed, ``logging_steps=1``,
     ``report_to=["tensorboard"]`` (events under ``<output_dir>/tensorboard``), then ``trainer_defaults``.
@@ -760,19 +786,9 @@ def prepare_run(
     if resume:
         check_checkpoint_model(resume, model_config, str(config["model"]), flag=flag)
     context, checkpoint_context = run_context(config, model_config)
-    plan = None
-    if precision.device == "cuda":  # before any weights load; CPU runs are not planned
-        strategy, processes = launch_strategy()
-        plan = check_memory_plan(
-            config,
-            args,
-            model_config,
-            source=source,
-            strategy=strategy,
-            processes=processes,
-            device_bytes=cuda_device_memory(),
-            context=context,
-        )
+    setup = RunSetup(out, resume, seed, trainer_cfg, precision, args, model_path, model_config, context)
+    if plan_memory:
+        setup.memory_plan = guard_memory(config, setup, source=source)
     if context > checkpoint_context > 0:
         model_path = raised_context_checkpoint(model_path, context)
         model_config = AutoConfig.from_pretrained(model_path)
@@ -781,8 +797,35 @@ def prepare_run(
             f"(checkpoint view {model_path})",
             flush=True,
         )
+        setup.model_path, setup.model_config = model_path, model_config
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
-    return RunSetup(out, resume, seed, trainer_cfg, precision, args, model_path, model_config, context, plan)
+    return setup
+
+
+def guard_memory(config: dict[str, Any], setup: RunSetup, *, source: str, prompt_tokens: int | None = None):
+    """On CUDA, before any weights load: :func:`check_memory_plan` with the launch's strategy and process count
+    (:func:`launch_strategy`) and the device's memory. ``prompt_tokens``: the longest prompt (``klear rl``).
+
+    Returns:
+        The plan (it fits), or ``None`` off CUDA (CPU runs are not planned).
+
+    Raises:
+        ValueError: see :func:`check_memory_plan`.
+    """
+    if setup.precision.device != "cuda":
+        return None
+    strategy, processes = launch_strategy()
+    return check_memory_plan(
+        config,
+        setup.args,
+        setup.model_config,
+        source=source,
+        strategy=strategy,
+        processes=processes,
+        device_bytes=cuda_device_memory(),
+        context=setup.context,
+        prompt_tokens=prompt_tokens,
+    )
 
 
 # ----------------------------------------------------------------------------- context length and the memory plan
@@ -860,20 +903,39 @@ def launch_strategy() -> tuple[str, int]:
     (``accelerate/utils/launch.py``): ``ACCELERATE_USE_DEEPSPEED`` with ``ACCELERATE_DEEPSPEED_ZERO_STAGE`` (or the
     ``zero_optimization.stage`` of ``ACCELERATE_DEEPSPEED_CONFIG_FILE``) -> ``zero1``/``zero2``/``zero3``;
     ``ACCELERATE_USE_FSDP`` -> ``fsdp2`` (FSDP1's full sharding holds the same memory); otherwise ``ddp``.
-    Processes: ``WORLD_SIZE`` (1 without a launcher)."""
+    Processes: ``WORLD_SIZE`` (1 without a launcher).
+
+    Raises:
+        ValueError: ``WORLD_SIZE`` not an integer >= 1, a ZeRO stage other than 0-3, or a DeepSpeed config file
+            that is missing, not JSON or without a ``zero_optimization`` mapping (one line naming the variable).
+    """
     import os
 
     env = os.environ
-    processes = int(env.get("WORLD_SIZE") or 1)
+    world = env.get("WORLD_SIZE") or "1"
+    try:
+        processes = int(world)
+    except ValueError:
+        processes = 0
+    if processes < 1:
+        raise ValueError(f"launch: WORLD_SIZE={world!r}: expected an integer >= 1 (the number of processes)")
     if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+        where = f"ACCELERATE_DEEPSPEED_ZERO_STAGE={stage!r}"
         ds_file = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
-        if stage is None and ds_file and Path(ds_file).is_file():
+        if stage is None and ds_file:
+            where = f"ACCELERATE_DEEPSPEED_CONFIG_FILE={ds_file}"
             try:
-                stage = str(json.loads(Path(ds_file).read_text()).get("zero_optimization", {}).get("stage", 0))
-            except (OSError, ValueError):
-                stage = None
-        return {"1": "zero1", "2": "zero2", "3": "zero3"}.get(str(stage), "ddp"), processes
+                zero = json.loads(Path(ds_file).read_text()).get("zero_optimization", {})
+                stage = str(zero.get("stage", 0))
+            except (OSError, ValueError, AttributeError):
+                raise ValueError(
+                    f"launch: {where}: expected a readable DeepSpeed JSON config with a zero_optimization mapping"
+                ) from None
+        strategy = {"0": "ddp", "1": "zero1", "2": "zero2", "3": "zero3"}.get(str(stage if stage is not None else 0))
+        if strategy is None:
+            raise ValueError(f"launch: {where} (ZeRO stage {stage!r}): expected 0, 1, 2 or 3")
+        return strategy, processes
     if env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
         return "fsdp2", processes
     return "ddp", processes
@@ -895,12 +957,21 @@ def _gpu_setting(trainer: dict[str, Any], args, key: str) -> bool:
 
 
 def recipe_memory_plan(
-    config: dict[str, Any], args, model_config, *, strategy: str, processes: int, device_bytes: int, context: int
+    config: dict[str, Any],
+    args,
+    model_config,
+    *,
+    strategy: str,
+    processes: int,
+    device_bytes: int,
+    context: int,
+    prompt_tokens: int | None = None,
 ):
     """The per-GPU :class:`klear.memory.MemoryPlan` of a recipe on a GPU machine (:func:`klear.memory.plan_memory`).
 
-    ``klear rl`` (arguments with ``num_generations``): sequences of ``context`` tokens (prompt + response, the
-    run's context), scored on ``max_completion_length`` tokens, the colocated engine's
+    ``klear rl`` (arguments with ``num_generations``): sequences of the longest prompt (``prompt_tokens``, once
+    the data is read) + ``max_completion_length`` tokens, at most ``context`` (without ``prompt_tokens``: the
+    run's whole context, an upper bound), scored on ``max_completion_length`` tokens, the colocated engine's
     ``vllm_gpu_memory_utilization`` and ``vllm_enable_sleep_mode``. ``klear sft``: sequences of ``max_length``
     tokens (or ``context``), all scored. Precision and checkpointing as a GPU resolves the recipe (``auto``: on).
     """
@@ -909,7 +980,12 @@ def recipe_memory_plan(
     trainer = config.get("trainer") or {}
     mixed = _gpu_setting(trainer, args, "bf16") or bool(trainer.get("fp16", False))
     rl = hasattr(args, "num_generations")
-    seq = int(context or 0) if rl else int(getattr(args, "max_length", None) or context or 0)
+    seq = int(getattr(args, "max_length", None) or context or 0)
+    if rl:
+        seq = int(context or 0)
+        if prompt_tokens is not None:
+            response = int(prompt_tokens) + int(args.max_completion_length)
+            seq = min(seq, response) if seq else response
     if seq < 1:
         raise ValueError("memory plan: the model's context is unknown (no max_position_embeddings): set context_length")
     colocated = rl and bool(getattr(args, "use_vllm", False)) and getattr(args, "vllm_mode", None) == "colocate"
@@ -928,7 +1004,7 @@ def recipe_memory_plan(
     )
 
 
-def _plan_fix(config: dict[str, Any], args, model_config, plan, context: int) -> str:
+def _plan_fix(config: dict[str, Any], args, model_config, plan, context: int, prompt_tokens: int | None = None) -> str:
     """The first change that makes ``plan`` fit, as an instruction."""
     import copy
 
@@ -946,6 +1022,7 @@ def _plan_fix(config: dict[str, Any], args, model_config, plan, context: int) ->
             processes=plan.processes,
             device_bytes=plan.device_bytes,
             context=context,
+            prompt_tokens=prompt_tokens,
         ).fits
 
     if plan.strategy != "zero3" and fits("zero3"):
@@ -977,6 +1054,7 @@ def check_memory_plan(
     processes: int,
     device_bytes: int,
     context: int,
+    prompt_tokens: int | None = None,
 ):
     """Refuse a launch whose per-GPU memory plan (:func:`recipe_memory_plan`) cannot fit the device.
 
@@ -997,6 +1075,7 @@ def check_memory_plan(
         processes=processes,
         device_bytes=device_bytes,
         context=context,
+        prompt_tokens=prompt_tokens,
     )
     if plan.fits:
         return plan
@@ -1006,7 +1085,7 @@ def check_memory_plan(
         f"{source}: memory plan: ~{plan.peak / GIB:.1f} GiB per GPU{phase} with {strategy} on {processes} "
         f"process(es) ({', '.join(f'{k} {v / GIB:.1f}' for k, v in parts)} GiB) exceeds the device's "
         f"{device_bytes / GIB:.1f} GiB less a {plan.margin_share:.0%} margin: "
-        f"{_plan_fix(config, args, model_config, plan, context)}"
+        f"{_plan_fix(config, args, model_config, plan, context, prompt_tokens)}"
     )
 
 
@@ -1054,8 +1133,8 @@ def dry_run(
         if not torch.cuda.is_available():
             raise ValueError("--dry-run: no CUDA GPU here; give the target's memory with --gpu-memory-gb (e.g. 80)")
         device_bytes = cuda_device_memory()
-    elif not gpu_memory_gb > 0:
-        raise ValueError(f"--gpu-memory-gb {gpu_memory_gb}: expected > 0")
+    elif not 0 < gpu_memory_gb < float("inf"):
+        raise ValueError(f"--gpu-memory-gb {gpu_memory_gb}: expected a finite number > 0 (GB per GPU, e.g. 80)")
     else:
         device_bytes = int(gpu_memory_gb * 10**9)
     strategy = strategy or launched
@@ -1063,6 +1142,12 @@ def dry_run(
         raise ValueError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
     raised = f" (raised from the checkpoint's {checkpoint_context})" if context > checkpoint_context > 0 else ""
     print(f"recipe valid; context {context} tokens{raised}; no weights loaded", flush=True)
+    if hasattr(args, "num_generations"):
+        print(
+            "sequences planned at the whole context (data not read: an upper bound); the run plans its longest "
+            "prompt + trainer.max_completion_length",
+            flush=True,
+        )
     plan = recipe_memory_plan(
         config, args, model_config, strategy=strategy, processes=gpus, device_bytes=device_bytes, context=context
     )

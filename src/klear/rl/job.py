@@ -59,7 +59,7 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
             a trainer field that :class:`GPPOConfig` rejects, or ``use_vllm`` that cannot run on this
             machine (:func:`klear.integrations.vllm.cpu_rollout_settings`).
     """
-    from klear.runs import check_eval_section, check_int, check_trainer_section, trainer_arguments
+    from klear.runs import check_context_holds, check_eval_section, check_int, check_trainer_section, trainer_arguments
     from klear.runs import check_section_keys as _check_keys
 
     _check_keys(config, _TOP_KEYS, "the top level", source)
@@ -101,7 +101,11 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     check_trainer_section(trainer, config_cls, source)
     # every check the run makes on its trainer arguments (TRL's, GPPOConfig's, ranges, vLLM on CPU), now: a later
     # arm of an experiment must not fail after the earlier ones ran
-    trainer_arguments({**config, "trainer": trainer}, source=source, config_cls=config_cls, machine_checks=False)
+    _, _, args = trainer_arguments(
+        {**config, "trainer": trainer}, source=source, config_cls=config_cls, machine_checks=False
+    )
+    completion = int(args.max_completion_length)  # a prompt of one token + the response budget
+    check_context_holds(config, source, "trainer.max_completion_length", completion, completion + 1)
 
 
 def plan_rl(config: dict[str, Any], *, source: str = "config", **target: Any):
@@ -235,6 +239,7 @@ def run_rl(
         eval_fields,
         eval_settings,
         finish_run,
+        guard_memory,
         heldout_eval,
         prepare_run,
         start_run,
@@ -249,7 +254,8 @@ def run_rl(
         from klear.rl.trl_peer import TRLPeerTrainer
 
         trainer_cls = TRLPeerTrainer
-    setup = prepare_run(config, source=source, resume=resume, config_cls=config_cls)
+    # the memory plan is checked once the prompts are read (their length, not the whole context), before weights load
+    setup = prepare_run(config, source=source, resume=resume, config_cls=config_cls, plan_memory=False)
     out, args, seed = setup.out, setup.args, setup.seed
     tokenizer = AutoTokenizer.from_pretrained(setup.model_path, padding_side="left")
     if tokenizer.pad_token is None:
@@ -258,9 +264,6 @@ def run_rl(
     t0 = time.time()  # datasets and prompt lengths are checked before the run directory exists
     train, heldout = _build_datasets(config["data"], seed)
     context = setup.context  # the recipe's context_length, else the checkpoint's max_position_embeddings
-    eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
-    eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=context or int(eval_cfg["max_new_tokens"]))
-    do_eval = heldout is not None and eval_cfg["enabled"]
     longest = check_prompt_context(
         tokenizer,
         train,
@@ -270,6 +273,10 @@ def run_rl(
         where=f"data.train={config['data'].get('train', 'reasoning_gym')}",
         chat_template_kwargs=args.chat_template_kwargs,
     )
+    setup.memory_plan = guard_memory(config, setup, source=source, prompt_tokens=longest)
+    eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
+    eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=context or int(eval_cfg["max_new_tokens"]))
+    do_eval = heldout is not None and eval_cfg["enabled"]
     # the colocated vLLM engine's context and (CPU) memory, sized from the data unless the recipe sets them
     try:
         engine = rollout_engine_settings(

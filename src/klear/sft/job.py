@@ -73,7 +73,7 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
             trainer field that :class:`KlearSFTConfig` does not have (with a "did you mean"), or a
             trainer value of the wrong type.
     """
-    from klear.runs import check_eval_section, check_int, check_trainer_section, trainer_arguments
+    from klear.runs import check_context_holds, check_eval_section, check_int, check_trainer_section, trainer_arguments
     from klear.runs import check_section_keys as _check_keys
     from klear.sft.trainer import KlearSFTConfig
 
@@ -130,9 +130,10 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
     if data.get("filter", "none") not in ("none", "correct", "by_difficulty"):
         raise ValueError(f"{source}: data.filter={data.get('filter')!r} must be none, correct or by_difficulty")
     # every check the run makes on its trainer arguments (SFTConfig's, ranges), before any model loads
-    trainer_arguments(
+    _, _, args = trainer_arguments(
         config, source=source, config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS, machine_checks=False
     )
+    check_context_holds(config, source, "trainer.max_length", args.max_length, int(args.max_length or 0))
 
 
 def plan_sft(config: dict[str, Any], *, source: str = "config", **target: Any):
