@@ -146,3 +146,38 @@ def test_an_older_eval_before_json_is_paired_only_with_a_float32_hf_after():
     assert "\n" not in str(err.value)
     fp32 = {"eval_dtype": "float32", "eval_backend": "hf"}
     assert eval_fields(older, fp32) == fp32  # a CPU run resumed across the upgrade
+
+
+def test_rl_caps_the_heldout_batch_for_its_own_prompts_not_the_whole_context(
+    fake_gpu, embedded_path, tmp_path, monkeypatch
+):
+    # the held-out KV cache per sequence is its longest prompt + eval.max_new_tokens, not the 8192 positions
+    from transformers import AutoTokenizer
+
+    import klear.integrations.vllm as vllm_integration
+    import klear.rl.job as job
+
+    def reached(*a, **kw):
+        raise _ReachedTheModel
+
+    seen: dict = {}
+    build = job._build_datasets
+    monkeypatch.setattr(job, "_build_datasets", lambda *a: seen.setdefault("data", build(*a)))
+    cap = runs.cap_eval_batch_size
+    monkeypatch.setattr(
+        runs,
+        "cap_eval_batch_size",
+        lambda cfg, setup, *, tokens: seen.setdefault("tokens", tokens) and cap(cfg, setup, tokens=tokens),
+    )
+    monkeypatch.setattr(vllm_integration, "build_trainer", reached)
+    config, _ = load_config(
+        "rl_demo",
+        [f"output_dir={tmp_path / 'run'}", "data.train_size=16", "data.heldout_size=4", "eval.max_new_tokens=7"],
+    )
+    with pytest.raises(_ReachedTheModel):
+        job.run_rl(config, source="rl_demo")
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    heldout = seen["data"][1]
+    texts = [tok.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False) for p in heldout["prompt"]]
+    longest = max(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+    assert seen["tokens"] == longest + 7

@@ -275,7 +275,6 @@ def run_rl(
     )
     setup.memory_plan = guard_memory(config, setup, source=source, prompt_tokens=longest)
     eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
-    eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=context or int(eval_cfg["max_new_tokens"]))
     do_eval = heldout is not None and eval_cfg["enabled"]
     # the colocated vLLM engine's context and (CPU) memory, sized from the data unless the recipe sets them
     try:
@@ -293,8 +292,8 @@ def run_rl(
         setattr(args, field, value)
     if engine:
         print(f"vLLM rollout engine (sized from the data): {', '.join(f'{k}={v}' for k, v in engine.items())}")
-    if context and do_eval:
-        check_prompt_context(
+    if do_eval:
+        heldout_longest = check_prompt_context(
             tokenizer,
             heldout,
             budget=eval_cfg["max_new_tokens"],
@@ -302,6 +301,7 @@ def run_rl(
             context=context,
             where=f"data.heldout={config['data'].get('heldout')}",
         )
+        eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=heldout_longest + int(eval_cfg["max_new_tokens"]))
     logger.info(
         "data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0, time.time() - t0
     )

@@ -259,6 +259,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.runs import (
         cap_eval_batch_size,
+        check_prompt_context,
         eval_fields,
         eval_settings,
         finish_run,
@@ -295,8 +296,18 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
             callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
         )
         eval_cfg = eval_settings(config, max_new_tokens=512, batch_size=32, seed=seed)
-        eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=setup.context or int(eval_cfg["max_new_tokens"]))
         do_eval = heldout is not None and eval_cfg["enabled"]
+        if do_eval:
+            heldout_longest = check_prompt_context(
+                tokenizer,
+                heldout,
+                budget=int(eval_cfg["max_new_tokens"]),
+                budget_name="eval.max_new_tokens",
+                context=setup.context,
+                where=f"data.heldout={config['data'].get('heldout')}",
+            )
+            tokens = heldout_longest + int(eval_cfg["max_new_tokens"])
+            eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=tokens)
         model = trainer.accelerator.unwrap_model(trainer.model)
         before: dict[str, Any] | None = None
         if do_eval:
