@@ -292,6 +292,22 @@ def test_rollout_engine_settings_of_the_recipe_win(tiny_ckpt, monkeypatch):
         )
 
 
+def test_rollout_engine_holds_the_heldout_evaluation_it_runs(tiny_ckpt):
+    """eval.backend vllm: the engine's context holds the longest held-out prompt + eval.max_new_tokens too."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_ckpt)
+    kw = dict(model_path=str(tiny_ckpt), config=config, longest_prompt=40, on_cpu=False)
+    assert kv.rollout_engine_settings(_rl_args(), {}, eval_need=(60, 30), **kw) == {"vllm_max_model_length": 90}
+    assert kv.rollout_engine_settings(_rl_args(), {}, eval_need=(10, 5), **kw) == {"vllm_max_model_length": 52}
+    with pytest.raises(
+        ValueError,
+        match=r"^trainer.vllm_max_model_length 64 is less than the longest held-out prompt \(60 tokens\) plus "
+        r"eval.max_new_tokens 30 = 90 tokens: raise it or leave it unset$",
+    ):
+        kv.rollout_engine_settings(_rl_args(), {"vllm_max_model_length": 64}, eval_need=(60, 30), **kw)
+
+
 def test_klear_eval_passes_the_engine_settings_of_the_user(tmp_path, embedded_path, monkeypatch):
     """`klear eval --backend vllm`: --max-model-len and --gpu-memory-utilization reach the engine as given;
     unset, the engine sizes them itself; it decodes at most the run's samples at once."""

@@ -41,6 +41,7 @@ from klear.precision import Precision
 
 __all__ = [
     "AUTO_FIELDS",
+    "EVAL_BACKENDS",
     "EVAL_KEYS",
     "RunDir",
     "RunSetup",
@@ -50,6 +51,7 @@ __all__ = [
     "check_prompt_context",
     "check_section_keys",
     "check_trainer_section",
+    "eval_backend",
     "eval_settings",
     "finish_run",
     "format_paired",
@@ -64,8 +66,10 @@ __all__ = [
 ]
 
 #: Keys of a recipe's ``eval`` section (held-out evaluation before/after training; ``every_steps``: also every
-#: K optimizer steps, ``klear rl`` only, see :mod:`klear.rl.periodic_eval`).
-EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size", "n_samples", "temperature", "every_steps"}
+#: K optimizer steps, ``klear rl`` only, see :mod:`klear.rl.periodic_eval`; ``backend``: see :func:`eval_backend`).
+EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size", "n_samples", "temperature", "every_steps", "backend"}
+#: Values of ``eval.backend``.
+EVAL_BACKENDS = ("auto", "hf", "vllm")
 
 # Trainer fields that may be ``auto`` (resolved by klear.precision.resolve_trainer_precision).
 AUTO_FIELDS = ("bf16", "gradient_checkpointing")
@@ -502,7 +506,7 @@ def start_run(
 
 
 def heldout_eval(
-    model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: Path, reuse: bool, annotate=None
+    model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: Path, reuse: bool, annotate=None, backend=None
 ) -> dict[str, Any]:
     """Held-out evaluation (:func:`klear.eval.heldout.evaluate`: greedy, or ``eval_cfg["n_samples"]`` samples at
     ``eval_cfg["temperature"]`` with sampling seed ``eval_cfg["seed"]``) saved to ``path`` (reused on resume).
@@ -518,6 +522,10 @@ def heldout_eval(
         path: the JSON file written (``eval_before.json`` / ``eval_after.json``).
         reuse: return the saved result when ``path`` exists (a resumed run keeps its "before").
         annotate: optional ``fn(result) -> None`` adding stage-specific fields before saving.
+        backend: ``None`` (``model.generate``), or the colocated vLLM engine's
+            :class:`klear.integrations.vllm.ColocatedEval` (``eval.backend: vllm``): every rank then takes part in
+            its weight sync and generation, the main process scores, and the result records ``eval_backend`` and
+            ``eval_dtype`` (:meth:`~klear.integrations.vllm.ColocatedEval.record`).
     """
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
@@ -526,24 +534,34 @@ def heldout_eval(
 
     path = Path(path)
     result = None
+    multi = PartialState().num_processes > 1
+    reused = reuse and is_main_process() and path.is_file()
+    if multi and backend is not None:  # the other ranks follow the main process's choice into the collectives
+        reused = broadcast_object_list([reused])[0]
+    settings = {
+        "max_new_tokens": int(eval_cfg["max_new_tokens"]),
+        "n_samples": int(eval_cfg.get("n_samples", 1)),
+        "temperature": float(eval_cfg.get("temperature", 0.0)),
+        "seed": int(eval_cfg.get("seed", 0)),
+    }
     if is_main_process():
-        if reuse and path.is_file():
+        if reused:
             result = json.loads(path.read_text())
         else:
             result = evaluate(
-                model,
-                tokenizer,
-                heldout,
-                max_new_tokens=int(eval_cfg["max_new_tokens"]),
-                batch_size=int(eval_cfg["batch_size"]),
-                n_samples=int(eval_cfg.get("n_samples", 1)),
-                temperature=float(eval_cfg.get("temperature", 0.0)),
-                seed=int(eval_cfg.get("seed", 0)),
+                model, tokenizer, heldout, batch_size=int(eval_cfg["batch_size"]), backend=backend, **settings
             )
+            if backend is not None:
+                result.update(backend.record())
             if annotate is not None:
                 annotate(result)
             path.write_text(json.dumps(result, indent=1))
-    if PartialState().num_processes > 1:
+    elif backend is not None and not reused:  # same requests as the main process (see ColocatedEval)
+        rows = [heldout[i] for i in range(len(heldout))]
+        backend.complete(
+            [r["prompt"] for r in rows], [str(r.get("prompt_id", i)) for i, r in enumerate(rows)], **settings
+        )
+    if multi:
         result = broadcast_object_list([result])[0]
     assert result is not None  # evaluated here (main process) or received from the main process
     return result
@@ -554,8 +572,9 @@ def check_eval_section(config: dict[str, Any], source: str) -> None:
 
     Raises:
         ValueError: an unknown key, a non-integer or < 1 ``max_new_tokens``/``batch_size``/``n_samples``/
-            ``every_steps``, a negative ``temperature``, ``n_samples > 1`` with greedy decoding, or a non-bool
-            ``enabled``.
+            ``every_steps``, a negative ``temperature``, ``n_samples > 1`` with greedy decoding, a non-bool
+            ``enabled``, a ``backend`` not in :data:`EVAL_BACKENDS`, or ``backend: vllm`` without a colocated
+            vLLM engine (:func:`eval_backend`).
     """
     section = config.get("eval") or {}
     check_section_keys(section, EVAL_KEYS, "'eval'", source)
@@ -569,10 +588,39 @@ def check_eval_section(config: dict[str, Any], source: str) -> None:
         raise ValueError(f"{source}: eval.n_samples > 1 needs eval.temperature > 0 (0 means greedy decoding)")
     if "enabled" in section and not isinstance(section["enabled"], bool):
         raise ValueError(f"{source}: eval.enabled={section['enabled']!r} must be true or false")
+    backend = section.get("backend", "auto")
+    if backend not in EVAL_BACKENDS:
+        raise ValueError(f"{source}: eval.backend={backend!r} must be one of {', '.join(EVAL_BACKENDS)}")
+    if backend == "vllm" and not _colocated_vllm(config):
+        raise ValueError(
+            f"{source}: eval.backend=vllm needs the run's colocated vLLM engine (klear rl with trainer.use_vllm: "
+            "true and trainer.vllm_mode: colocate); set eval.backend to auto or hf"
+        )
+
+
+def eval_backend(config: dict[str, Any]) -> str:
+    """The held-out evaluation's generator: ``"vllm"`` (the run's colocated vLLM engine) or ``"hf"``
+    (``model.generate`` on the training module).
+
+    ``eval.backend`` ``hf``/``vllm`` as written; ``auto`` (default) is ``vllm`` when the run has a colocated vLLM
+    engine (``trainer.use_vllm`` true and ``trainer.vllm_mode`` ``colocate``, TRL's default), else ``hf``. Not
+    validated here (:func:`check_eval_section`).
+    """
+    backend = (config.get("eval") or {}).get("backend", "auto")
+    if backend != "auto":
+        return backend
+    return "vllm" if _colocated_vllm(config) else "hf"
+
+
+def _colocated_vllm(config: dict[str, Any]) -> bool:
+    """Whether the run has a colocated vLLM engine: ``trainer.use_vllm`` and ``trainer.vllm_mode`` ``colocate``."""
+    trainer = config.get("trainer") or {}
+    return trainer.get("use_vllm") is True and trainer.get("vllm_mode", "colocate") == "colocate"
 
 
 def eval_settings(config: dict[str, Any], *, max_new_tokens: int, batch_size: int, seed: int) -> dict[str, Any]:
-    """The held-out decoding settings: the recipe's ``eval`` section over these defaults (greedy, enabled)."""
+    """The held-out decoding settings: the recipe's ``eval`` section over these defaults (greedy, enabled), with
+    ``backend`` resolved (:func:`eval_backend`: ``hf`` or ``vllm``)."""
     return {
         "enabled": True,
         "max_new_tokens": max_new_tokens,
@@ -581,6 +629,7 @@ def eval_settings(config: dict[str, Any], *, max_new_tokens: int, batch_size: in
         "temperature": 0.0,
         "seed": seed,
         **(config.get("eval") or {}),
+        "backend": eval_backend(config),
     }
 
 

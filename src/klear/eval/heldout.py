@@ -321,6 +321,7 @@ def evaluate(
     temperature: float = 0.0,
     seed: int = 0,
     show_progress: bool = True,
+    backend=None,
 ) -> dict:
     """Decode every problem of an RL dataset (greedy once, or ``n_samples`` samples) and score it.
 
@@ -347,6 +348,9 @@ def evaluate(
         temperature: 0 for greedy decoding, else the sampling temperature.
         seed: sampling seed.
         show_progress: tqdm progress bar while generating.
+        backend: generate with this instead of ``model`` (e.g. :class:`klear.integrations.vllm.ColocatedEval`):
+            ``backend.complete(prompts, prompt_ids, n_samples=, temperature=, seed=, max_new_tokens=)`` returns
+            the problem-major completions (``batch_size`` unused).
 
     Returns:
         ``{"accuracy": float, "n": int, "correct": list, "rewards": list[float],
@@ -379,7 +383,17 @@ def evaluate(
         scorer = _default_scorer()
     k = n_samples
     prompts = [r["prompt"] for r in rows for _ in range(k)]
-    if temperature == 0:
+    prompt_ids = [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]
+    if backend is not None:
+        completions = backend.complete(
+            [r["prompt"] for r in rows],
+            prompt_ids,
+            n_samples=k,
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+        )
+    elif temperature == 0:
         completions = generate(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress
         )
@@ -407,7 +421,6 @@ def evaluate(
     require_scored(rewards, lambda i: f"held-out problem {rows[i // k].get('prompt_id', i // k)} sample {i % k}")
     hits = [is_correct(r) for r in rewards]
     correct: list = hits if k == 1 else [sum(hits[i * k : (i + 1) * k]) / k for i in range(len(rows))]
-    prompt_ids = [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]
     n = len(rows)
     return {
         "accuracy": (sum(correct) / n) if n else 0.0,

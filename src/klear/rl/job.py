@@ -192,7 +192,7 @@ def run_rl(
     from trl import GRPOTrainer
 
     from klear.eval.heldout import paired_difference
-    from klear.integrations.vllm import build_trainer, rollout_engine_settings
+    from klear.integrations.vllm import ColocatedEval, build_trainer, rollout_engine_settings
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.rl.periodic_eval import HeldoutCurveCallback
     from klear.rl.reward_fn import make_klear_reward
@@ -228,6 +228,19 @@ def run_rl(
         where=f"data.train={config['data'].get('train', 'reasoning_gym')}",
         chat_template_kwargs=args.chat_template_kwargs,
     )
+    longest_heldout = (
+        check_prompt_context(
+            tokenizer,
+            heldout,
+            budget=eval_cfg["max_new_tokens"],
+            budget_name="eval.max_new_tokens",
+            context=context,
+            where=f"data.heldout={config['data'].get('heldout')}",
+        )
+        if do_eval
+        else 0
+    )
+    on_vllm = do_eval and eval_cfg["backend"] == "vllm"  # the held-out evaluation generates on the rollout engine
     # the colocated vLLM engine's context and (CPU) memory, sized from the data unless the recipe sets them
     try:
         engine = rollout_engine_settings(
@@ -237,6 +250,7 @@ def run_rl(
             config=setup.model_config,
             longest_prompt=longest,
             on_cpu=setup.precision.device == "cpu",
+            eval_need=(longest_heldout, int(eval_cfg["max_new_tokens"])) if on_vllm else None,
         )
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
@@ -244,15 +258,6 @@ def run_rl(
         setattr(args, field, value)
     if engine:
         print(f"vLLM rollout engine (sized from the data): {', '.join(f'{k}={v}' for k, v in engine.items())}")
-    if context and do_eval:
-        check_prompt_context(
-            tokenizer,
-            heldout,
-            budget=eval_cfg["max_new_tokens"],
-            budget_name="eval.max_new_tokens",
-            context=context,
-            where=f"data.heldout={config['data'].get('heldout')}",
-        )
     logger.info(
         "data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0, time.time() - t0
     )
@@ -270,9 +275,10 @@ def run_rl(
             callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *(callbacks or [])],
         )
         model = trainer.accelerator.unwrap_model(trainer.model)
+        backend = ColocatedEval(trainer, tokenizer) if on_vllm else None  # None: model.generate
         curve = HeldoutCurveCallback(
             out,
-            lambda path: heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=False),
+            lambda path: heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=False, backend=backend),
             eval_cfg.get("every_steps"),
         )
         if do_eval:
@@ -280,7 +286,13 @@ def run_rl(
         before: dict[str, Any] | None = None
         if do_eval:
             before = heldout_eval(
-                model, tokenizer, heldout, eval_cfg, path=out / "eval_before.json", reuse=bool(setup.resume)
+                model,
+                tokenizer,
+                heldout,
+                eval_cfg,
+                path=out / "eval_before.json",
+                reuse=bool(setup.resume),
+                backend=backend,
             )
             print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
             curve.record(0, before)
@@ -290,12 +302,15 @@ def run_rl(
     if do_eval:
         assert before is not None  # evaluated before training whenever do_eval
         curve.pause()
-        after = heldout_eval(model, tokenizer, heldout, eval_cfg, path=out / "eval_after.json", reuse=False)
+        after = heldout_eval(
+            model, tokenizer, heldout, eval_cfg, path=out / "eval_after.json", reuse=False, backend=backend
+        )
         curve.record(trainer.state.global_step, after)
         report.update(paired_difference(before["correct"], after["correct"]))
         report.update(
             samples_per_problem=after.get("samples_per_problem", 1), temperature=after.get("temperature", 0.0)
         )
+        report.update({k: after[k] for k in ("eval_backend", "eval_dtype") if k in after})
     finish_run(
         setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None, panels=RL_PANELS
     )
