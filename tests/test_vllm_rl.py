@@ -253,9 +253,8 @@ def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch, c
     from transformers import AutoModelForCausalLM
 
     import klear.integrations.vllm as kv
-    from klear.eval.heldout import evaluate
-
     import klear.rl.reward_fn
+    from klear.eval.heldout import evaluate
 
     syncs = []
     real = kv.load_weights

@@ -538,7 +538,7 @@ def heldout_eval(
     reused = reuse and is_main_process() and path.is_file()
     if multi and backend is not None:  # the other ranks follow the main process's choice into the collectives
         reused = broadcast_object_list([reused])[0]
-    settings = {
+    settings: dict[str, Any] = {
         "max_new_tokens": int(eval_cfg["max_new_tokens"]),
         "n_samples": int(eval_cfg.get("n_samples", 1)),
         "temperature": float(eval_cfg.get("temperature", 0.0)),
