@@ -260,7 +260,8 @@ def test_cpu_vllm_rollouts_refused_when_the_host_lacks_the_memory(tmp_path, tiny
 
 
 def test_cpu_vllm_rollout_engine_sized_from_the_data(tmp_path, tiny_ckpt, tiny_model, monkeypatch):
-    """`klear rl` gives the colocated engine the longest training prompt + max_completion_length and a memory
+    """`klear rl` gives the colocated engine the longest training prompt + max_completion_length (or held-out prompt +
+    eval.max_new_tokens, when longer: the evaluation runs on it) and a memory
     fraction sized from that need (the trainer gets them); the recipe's values win."""
     import math
 
@@ -281,9 +282,11 @@ def test_cpu_vllm_rollout_engine_sized_from_the_data(tmp_path, tiny_ckpt, tiny_m
     monkeypatch.setattr(kv, "process_memory", lambda: 2 * gib)
     monkeypatch.setattr(kv, "build_trainer", build_trainer)
     model, tok = tiny_model
+    # the longest prompt of the training rows and of the held-out rows (eval.backend auto: the held-out evaluation
+    # runs on the engine too); both budgets are 4 tokens
     longest = max(
         len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"])
-        for r in math_rows(8)
+        for r in [*math_rows(8), *math_rows(4, start=100)]
     )
     # by hand: float32 weights twice (training model + engine), KV cache for (longest + 4) tokens x 2 x 1 x 2
     # sequences (TRL's per_device_train_batch_size x tensor parallel x steps_per_generation), 2 GiB resident

@@ -176,15 +176,14 @@ def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
     assert _logprob_gap(llm, model, ids) < 2e-4
 
 
-def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch, capsys):
-    """``klear rl trainer.use_vllm=true`` on CPU: a tiny Llama (head_dim 64, a size vLLM's CPU attention takes)
-    trains two on-policy steps with vLLM rollouts, and each rollout after the first syncs through klear."""
+def _tiny_run(tmp_path, embedded_path, *, learning_rate: float, every_steps: int | None = None, save_steps: int = 2):
+    """``klear rl trainer.use_vllm=true`` (eval.backend left at auto) on a tiny Llama (head_dim 64, a size vLLM's CPU
+    attention takes) with two on-policy steps; returns ``(run directory, checkpoint, held-out rows)``."""
     import json
 
     import yaml
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    import klear.integrations.vllm as kv
     from klear.cli import main
 
     tok = AutoTokenizer.from_pretrained(embedded_path)
@@ -211,7 +210,7 @@ def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch, c
             "data_source": "math_test",
             "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
         }
-        for i in range(12)
+        for i in range(14)
     ]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
     (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[8:]))
@@ -219,24 +218,50 @@ def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch, c
         "model": str(ckpt),
         "output_dir": str(tmp_path / "run"),
         "data": {"train": str(tmp_path / "train.jsonl"), "heldout": str(tmp_path / "heldout.jsonl")},
-        "eval": {"max_new_tokens": 4, "batch_size": 4},
+        # a held-out need (prompt + 24) beyond the rollouts' (prompt + 8): the engine is sized for both
+        "eval": {"max_new_tokens": 24, "batch_size": 4, **({"every_steps": every_steps} if every_steps else {})},
         "trainer": {
             "num_generations": 2,
             "per_device_train_batch_size": 4,
             "steps_per_generation": 1,
             "max_completion_length": 8,
             "max_steps": 2,
-            "learning_rate": 1e-3,
-            "save_steps": 2,
+            "learning_rate": learning_rate,
+            "save_steps": save_steps,
             "report_to": [],
         },
     }
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["rl", "--config", str(tmp_path / "recipe.yaml"), "trainer.use_vllm=true"]) == 0
+    return tmp_path / "run", ckpt, rows[8:]
+
+
+def _read(path):
+    import json
+
+    return json.loads(path.read_text())
+
+
+def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch, capsys):
+    """``klear rl trainer.use_vllm=true`` on CPU: two on-policy steps with vLLM rollouts, each rollout after the
+    first synced through klear; the held-out evaluation runs on the same engine (eval.backend auto) and its "after"
+    completions are the trained model's (``final/``, HF greedy decoding in float32), not the engine's last rollout
+    weights (one optimizer step older)."""
+    import json
+
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    import klear.integrations.vllm as kv
+    import klear.rl.reward_fn
+    from klear.eval.heldout import evaluate
+
     syncs = []
     real = kv.load_weights
     monkeypatch.setattr(kv, "load_weights", lambda llm, named: syncs.append(1) or real(llm, named))
-    assert main(["rl", "--config", str(tmp_path / "recipe.yaml"), "trainer.use_vllm=true"]) == 0
-    run = tmp_path / "run"
+    # rewards that vary within a group (the random model never solves a problem: no advantage, no update)
+    monkeypatch.setattr(klear.rl.reward_fn, "make_klear_reward", lambda **kw: _reward)
+    run, _, heldout = _tiny_run(tmp_path, embedded_path, learning_rate=1e-2, save_steps=1)
     saved = yaml.safe_load((run / "config.yaml").read_text())["trainer"]
     assert saved["use_vllm"] is True
     # machine- and data-dependent sizes are not pinned in the recipe; the run sized both
@@ -248,5 +273,33 @@ def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch, c
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["klear/ratio_mean"] == pytest.approx(1.0, abs=1e-6) for m in metrics)  # on-policy steps
     assert all(m["timing/generate_s"] > 0 for m in metrics)
-    assert len(syncs) >= 1  # step 2's rollout follows step 1's update through klear's sync
-    assert (run / "eval.json").is_file()
+    # step 2's rollout follows step 1's update; "before" and "after" sync too
+    assert len(syncs) >= 3
+    report, before, after = _read(run / "eval.json"), _read(run / "eval_before.json"), _read(run / "eval_after.json")
+    for r in (report, before, after):
+        assert (r["eval_backend"], r["eval_dtype"]) == ("vllm", "float32")
+    # the trained weights reached the engine: its greedy "after" is the HF greedy decode of final/ in float32...
+    tok = AutoTokenizer.from_pretrained(run / "final")
+
+    def hf_greedy(path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return evaluate(model, tok, heldout, max_new_tokens=24, scorer=lambda s, c, g, e: [0.0] * len(c))
+
+    assert after["completions"] == hf_greedy(run / "final")["completions"]
+    # ...and not that of the weights the engine held from its last rollout (synced after step 1): a stale engine
+    # would fail the line above
+    assert hf_greedy(run / "checkpoints" / "checkpoint-1")["completions"] != after["completions"]
+    assert after["completions"] != before["completions"]
+
+
+def test_heldout_eval_on_the_rollout_engine_is_paired_at_learning_rate_0(tmp_path, embedded_path):
+    """learning_rate 0: the evaluations before, during (every step) and after training on the rollout engine (same
+    engine, same dtype, synced weights) give the same completions, so the paired difference is exactly 0."""
+    run, ckpt, _ = _tiny_run(tmp_path, embedded_path, learning_rate=0.0, every_steps=1)
+    report, before, after = _read(run / "eval.json"), _read(run / "eval_before.json"), _read(run / "eval_after.json")
+    during = _read(run / "heldout" / "step_1.json")
+    for r in (report, before, during, after):
+        assert (r["eval_backend"], r["eval_dtype"]) == ("vllm", "float32")
+    assert before["completions"] == during["completions"] == after["completions"]
+    assert any(before["completions"])  # it generated text
+    assert report["mean_diff"] == 0.0 and report["n_improved"] == report["n_worsened"] == 0

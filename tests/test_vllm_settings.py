@@ -292,6 +292,22 @@ def test_rollout_engine_settings_of_the_recipe_win(tiny_ckpt, monkeypatch):
         )
 
 
+def test_rollout_engine_holds_the_heldout_evaluation_it_runs(tiny_ckpt):
+    """eval.backend vllm: the engine's context holds the longest held-out prompt + eval.max_new_tokens too."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_ckpt)
+    kw = dict(model_path=str(tiny_ckpt), config=config, longest_prompt=40, on_cpu=False)
+    assert kv.rollout_engine_settings(_rl_args(), {}, eval_need=(60, 30), **kw) == {"vllm_max_model_length": 90}
+    assert kv.rollout_engine_settings(_rl_args(), {}, eval_need=(10, 5), **kw) == {"vllm_max_model_length": 52}
+    with pytest.raises(
+        ValueError,
+        match=r"^trainer.vllm_max_model_length 64 is less than the longest held-out prompt \(60 tokens\) plus "
+        r"eval.max_new_tokens 30 = 90 tokens: raise it or leave it unset$",
+    ):
+        kv.rollout_engine_settings(_rl_args(), {"vllm_max_model_length": 64}, eval_need=(60, 30), **kw)
+
+
 def test_klear_eval_passes_the_engine_settings_of_the_user(tmp_path, embedded_path, monkeypatch):
     """`klear eval --backend vllm`: --max-model-len and --gpu-memory-utilization reach the engine as given;
     unset, the engine sizes them itself; it decodes at most the run's samples at once."""
@@ -342,3 +358,22 @@ def test_colocated_engine_needs_the_training_model_free_too():
     ):
         kv.cpu_memory_fraction(need, int(5.29 * GIB), 10 * GIB, setting="x", loaded_first_bytes=2 * GIB)
     assert kv.cpu_memory_fraction(need, int(3.31 * GIB), 10 * GIB, setting="x") == 0.33  # a fresh worker process
+
+
+def test_colocated_engine_never_splits_a_prompt_on_cpu(monkeypatch):
+    """TRL builds its colocated engine with chunked prefill and 4096 batched tokens; on CPU a split prompt crashes
+    seeded requests (the sampled held-out evaluation's), so klear turns chunked prefill off there."""
+    import trl.generation.vllm_generation as trl_vllm
+
+    built = []
+    monkeypatch.setattr(trl_vllm, "LLM", lambda **kw: built.append(kw), raising=False)
+    monkeypatch.setattr(kv, "engine_on_cpu", lambda: True)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    with kv.colocated_engine("float32"):
+        for length in (300, 5000):
+            trl_vllm.LLM(model="m", max_model_len=length, max_num_batched_tokens=4096, seed=0)
+    assert built == [
+        {"model": "m", "max_model_len": n, "seed": 0, "dtype": "float32", **kv.cpu_engine_kwargs(n)}
+        for n in (300, 5000)
+    ]
+    assert built[1]["max_num_batched_tokens"] == 5000 and built[0]["enable_chunked_prefill"] is False

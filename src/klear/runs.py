@@ -41,6 +41,7 @@ from klear.precision import Precision
 
 __all__ = [
     "AUTO_FIELDS",
+    "EVAL_BACKENDS",
     "EVAL_KEYS",
     "RunDir",
     "RunSetup",
@@ -53,6 +54,7 @@ __all__ = [
     "check_trainer_section",
     "cap_eval_batch_size",
     "dry_run",
+    "eval_backend",
     "eval_settings",
     "launch_strategy",
     "recipe_memory_plan",
@@ -74,8 +76,10 @@ __all__ = [
 ]
 
 #: Keys of a recipe's ``eval`` section (held-out evaluation before/after training; ``every_steps``: also every
-#: K optimizer steps, ``klear rl`` only, see :mod:`klear.rl.periodic_eval`).
-EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size", "n_samples", "temperature", "every_steps"}
+#: K optimizer steps, ``klear rl`` only, see :mod:`klear.rl.periodic_eval`; ``backend``: see :func:`eval_backend`).
+EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size", "n_samples", "temperature", "every_steps", "backend"}
+#: Values of ``eval.backend``.
+EVAL_BACKENDS = ("auto", "hf", "vllm")
 
 # Trainer fields that may be ``auto`` (resolved by klear.precision.resolve_trainer_precision).
 AUTO_FIELDS = ("bf16", "gradient_checkpointing")
@@ -545,7 +549,16 @@ def start_run(
 
 
 def heldout_eval(
-    model, tokenizer, heldout, eval_cfg: dict[str, Any], *, path: Path, reuse: bool, annotate=None, trainer=None
+    model,
+    tokenizer,
+    heldout,
+    eval_cfg: dict[str, Any],
+    *,
+    path: Path,
+    reuse: bool,
+    annotate=None,
+    trainer=None,
+    backend=None,
 ) -> dict[str, Any]:
     """Held-out evaluation (:func:`klear.eval.heldout.evaluate`: greedy, or ``eval_cfg["n_samples"]`` samples at
     ``eval_cfg["temperature"]`` with sampling seed ``eval_cfg["seed"]``) saved to ``path`` (reused on resume).
@@ -566,9 +579,13 @@ def heldout_eval(
         reuse: return the saved result when ``path`` exists (a resumed run keeps its "before").
         annotate: optional ``fn(result) -> None`` adding stage-specific fields before saving.
         trainer: the run's trainer (``accelerator``, ``args``, ``model_wrapped``), or ``None`` (``model`` as is).
+        backend: ``None`` (HF decoding of ``model``), or the colocated vLLM engine's
+            :class:`klear.integrations.vllm.ColocatedEval` (``eval.backend: vllm``): every rank takes part in its
+            weight sync, each engine decodes its share of the problems, and the result records ``eval_backend``
+            and ``eval_dtype`` (:meth:`~klear.integrations.vllm.ColocatedEval.record`).
 
     Raises:
-        ValueError: a multi-process FSDP run (:func:`evaluation_processes`).
+        ValueError: a multi-process FSDP run with HF decoding (:func:`evaluation_processes`).
     """
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
@@ -576,7 +593,7 @@ def heldout_eval(
     from klear.eval.heldout import evaluate
 
     path = Path(path)
-    processes = evaluation_processes(trainer)
+    processes = evaluation_processes(trainer, hf=backend is None)
     saved = None
     if is_main_process() and reuse and path.is_file():
         saved = json.loads(path.read_text())
@@ -584,22 +601,25 @@ def heldout_eval(
         saved = broadcast_object_list([saved])[0]
     if saved is not None:
         return saved
-    dtype = eval_dtype(trainer)
-    with trainer_model_for_generation(trainer, model) as decoded:
-        result = evaluate(
-            decoded,
-            tokenizer,
-            heldout,
-            max_new_tokens=int(eval_cfg["max_new_tokens"]),
-            batch_size=int(eval_cfg["batch_size"]),
-            n_samples=int(eval_cfg.get("n_samples", 1)),
-            temperature=float(eval_cfg.get("temperature", 0.0)),
-            seed=int(eval_cfg.get("seed", 0)),
-            show_progress=is_main_process(),
-            compute_dtype=dtype,
-            **processes,
+    settings: dict[str, Any] = {
+        "max_new_tokens": int(eval_cfg["max_new_tokens"]),
+        "batch_size": int(eval_cfg["batch_size"]),
+        "n_samples": int(eval_cfg.get("n_samples", 1)),
+        "temperature": float(eval_cfg.get("temperature", 0.0)),
+        "seed": int(eval_cfg.get("seed", 0)),
+        "show_progress": is_main_process(),
+        **processes,
+    }
+    if backend is not None:
+        result = evaluate(model, tokenizer, heldout, backend=backend, **settings)
+        result.update(backend.record())
+    else:
+        dtype = eval_dtype(trainer)
+        with trainer_model_for_generation(trainer, model) as decoded:
+            result = evaluate(decoded, tokenizer, heldout, compute_dtype=dtype, **settings)
+        result.update(
+            eval_dtype=dtype or str(next(decoded.parameters()).dtype).removeprefix("torch."), eval_backend="hf"
         )
-    result.update(eval_dtype=dtype or str(next(decoded.parameters()).dtype).removeprefix("torch."), eval_backend="hf")
     if annotate is not None:
         annotate(result)
     if is_main_process():
@@ -641,12 +661,13 @@ def eval_dtype(trainer) -> str | None:
     return "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else "float32"
 
 
-def evaluation_processes(trainer) -> dict[str, Any]:
+def evaluation_processes(trainer, *, hf: bool = True) -> dict[str, Any]:
     """``evaluate``'s ``process_index``, ``num_processes`` and ``gather`` for this run (accelerate's state).
 
     Raises:
-        ValueError: several processes under FSDP: every forward pass of an FSDP module is a collective, so the
-            processes would have to decode the same number of steps; evaluation there is not supported yet.
+        ValueError: HF decoding (``hf``) on several processes under FSDP: every forward pass of an FSDP module is a
+            collective, so the processes would have to decode the same number of steps; not supported yet (the
+            vLLM backend is: TRL's weight sync gathers the shards).
     """
     from accelerate import PartialState
     from accelerate.utils import DistributedType, gather_object
@@ -655,11 +676,11 @@ def evaluation_processes(trainer) -> dict[str, Any]:
     if state.num_processes == 1:
         return {"process_index": 0, "num_processes": 1, "gather": None}
     accelerator = getattr(trainer, "accelerator", None)
-    if accelerator is not None and accelerator.distributed_type == DistributedType.FSDP:
+    if hf and accelerator is not None and accelerator.distributed_type == DistributedType.FSDP:
         raise ValueError(
             "held-out evaluation with HF generate cannot run under FSDP on several processes (each forward pass "
-            "gathers the shards: the processes would have to decode in lockstep); use DeepSpeed ZeRO-3, or set "
-            "eval.enabled: false"
+            "gathers the shards: the processes would have to decode in lockstep); use DeepSpeed ZeRO-3, the colocated "
+            "vLLM engine (eval.backend: vllm), or set eval.enabled: false"
         )
     return {"process_index": state.process_index, "num_processes": state.num_processes, "gather": gather_object}
 
@@ -687,8 +708,9 @@ def check_eval_section(config: dict[str, Any], source: str) -> None:
 
     Raises:
         ValueError: an unknown key, a non-integer or < 1 ``max_new_tokens``/``batch_size``/``n_samples``/
-            ``every_steps``, a negative ``temperature``, ``n_samples > 1`` with greedy decoding, or a non-bool
-            ``enabled``.
+            ``every_steps``, a negative ``temperature``, ``n_samples > 1`` with greedy decoding, a non-bool
+            ``enabled``, a ``backend`` not in :data:`EVAL_BACKENDS`, or ``backend: vllm`` without a colocated
+            vLLM engine (:func:`eval_backend`).
     """
     section = config.get("eval") or {}
     check_section_keys(section, EVAL_KEYS, "'eval'", source)
@@ -702,10 +724,39 @@ def check_eval_section(config: dict[str, Any], source: str) -> None:
         raise ValueError(f"{source}: eval.n_samples > 1 needs eval.temperature > 0 (0 means greedy decoding)")
     if "enabled" in section and not isinstance(section["enabled"], bool):
         raise ValueError(f"{source}: eval.enabled={section['enabled']!r} must be true or false")
+    backend = section.get("backend", "auto")
+    if backend not in EVAL_BACKENDS:
+        raise ValueError(f"{source}: eval.backend={backend!r} must be one of {', '.join(EVAL_BACKENDS)}")
+    if backend == "vllm" and not _colocated_vllm(config):
+        raise ValueError(
+            f"{source}: eval.backend=vllm needs the run's colocated vLLM engine (klear rl with trainer.use_vllm: "
+            "true and trainer.vllm_mode: colocate); set eval.backend to auto or hf"
+        )
+
+
+def eval_backend(config: dict[str, Any]) -> str:
+    """The held-out evaluation's generator: ``"vllm"`` (the run's colocated vLLM engine) or ``"hf"``
+    (``model.generate`` on the training module).
+
+    ``eval.backend`` ``hf``/``vllm`` as written; ``auto`` (default) is ``vllm`` when the run has a colocated vLLM
+    engine (``trainer.use_vllm`` true and ``trainer.vllm_mode`` ``colocate``, TRL's default), else ``hf``. Not
+    validated here (:func:`check_eval_section`).
+    """
+    backend = (config.get("eval") or {}).get("backend", "auto")
+    if backend != "auto":
+        return backend
+    return "vllm" if _colocated_vllm(config) else "hf"
+
+
+def _colocated_vllm(config: dict[str, Any]) -> bool:
+    """Whether the run has a colocated vLLM engine: ``trainer.use_vllm`` and ``trainer.vllm_mode`` ``colocate``."""
+    trainer = config.get("trainer") or {}
+    return trainer.get("use_vllm") is True and trainer.get("vllm_mode", "colocate") == "colocate"
 
 
 def eval_settings(config: dict[str, Any], *, max_new_tokens: int, batch_size: int, seed: int) -> dict[str, Any]:
-    """The held-out decoding settings: the recipe's ``eval`` section over these defaults (greedy, enabled)."""
+    """The held-out decoding settings: the recipe's ``eval`` section over these defaults (greedy, enabled), with
+    ``backend`` resolved (:func:`eval_backend`: ``hf`` or ``vllm``)."""
     return {
         "enabled": True,
         "max_new_tokens": max_new_tokens,
@@ -714,6 +765,7 @@ def eval_settings(config: dict[str, Any], *, max_new_tokens: int, batch_size: in
         "temperature": 0.0,
         "seed": seed,
         **(config.get("eval") or {}),
+        "backend": eval_backend(config),
     }
 
 

@@ -612,6 +612,11 @@ class HFBackend:
 
 
 # ----------------------------------------------------------------------------- vLLM backend
+def _dtype_name(dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).split(".")[-1]
+
+
 class VLLMBackend:
     """vLLM backend, on a GPU or on vLLM's CPU backend (see the module docstring).
 
@@ -685,8 +690,32 @@ class VLLMBackend:
         )
         self.llm = LLM(**self.kwargs)
         model_config = self.llm.llm_engine.model_config
-        self.precision = {"device": "cpu" if on_cpu else "cuda", "dtype": str(model_config.dtype).split(".")[-1]}
+        self.precision = {"device": "cpu" if on_cpu else "cuda", "dtype": _dtype_name(model_config.dtype)}
         self.rope = self.rope_report()
+
+    @classmethod
+    def from_engine(cls, llm, tokenizer, eos_ids: Sequence[int]) -> VLLMBackend:
+        """A backend on an engine that already runs (``klear rl``'s colocated engine), without building one.
+
+        Args:
+            llm: the ``vllm.LLM``.
+            tokenizer: the model's HF tokenizer (chat template).
+            eos_ids: the stop token ids (the HF path's: the model's ``generation_config.eos_token_id``, else the
+                tokenizer's eos).
+
+        Raises:
+            ValueError: ``eos_ids`` is empty.
+        """
+        self = cls.__new__(cls)
+        model_config = llm.llm_engine.model_config
+        self.model_path = str(model_config.model)
+        self.plan, self.kwargs, self.llm, self.tokenizer = {}, {}, llm, tokenizer
+        self.eos_ids = sorted({int(e) for e in eos_ids})
+        if not self.eos_ids:
+            raise ValueError(f"model {self.model_path}: no eos token id in its generation config or tokenizer")
+        self.precision = {"dtype": _dtype_name(model_config.dtype)}  # the engine's, whatever the training dtype
+        self.rope = {}
+        return self
 
     def rope_report(self) -> dict:
         """What the engine's model config holds: ``max_model_len``, ``max_position_embeddings`` and the rope

@@ -415,6 +415,7 @@ def evaluate(
     process_index: int = 0,
     num_processes: int = 1,
     gather=None,
+    backend=None,
 ) -> dict:
     """Decode every problem of an RL dataset (greedy once, or ``n_samples`` samples) and score it.
 
@@ -452,6 +453,11 @@ def evaluate(
         process_index, num_processes: this process and the number of processes sharing the evaluation.
         gather: with ``num_processes > 1``, ``fn(list) -> list`` concatenating every process's list
             (``accelerate.utils.gather_object``).
+        backend: generate with this instead of ``model`` (:class:`klear.integrations.vllm.ColocatedEval`):
+            ``backend.complete(prompts, prompt_ids, n_samples=, temperature=, seed=, max_new_tokens=)`` returns
+            the problem-major completions (``batch_size`` unused). Every process calls it once (its weight sync
+            is a collective); each group of ``backend.group_size`` processes (one tensor-parallel engine) gets
+            its share of the problems, the same share on every process of the group.
 
     Returns:
         ``{"accuracy": float, "n": int, "correct": list, "rewards": list[float],
@@ -468,8 +474,6 @@ def evaluate(
         ValueError: the scorer returned a different number of scores than samples; ``n_samples < 1``,
             ``temperature < 0``, or several samples with greedy decoding.
     """
-    from tqdm.auto import tqdm
-
     from klear.rewards import require_scored
 
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
@@ -486,9 +490,101 @@ def evaluate(
         scorer = _default_scorer()
     k = n_samples
     prompts = [r["prompt"] for r in rows for _ in range(k)]
+    prompt_ids = [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]
     data_sources = [r["data_source"] for r in rows for _ in range(k)]
     ground_truths = [r["reward_model"]["ground_truth"] for r in rows for _ in range(k)]
     extra_infos = [r.get("extra_info") for r in rows for _ in range(k)]
+    rounds = {"process_index": process_index, "num_processes": num_processes, "gather": gather}
+    if backend is not None:
+        completions, shares = _complete_on_engine(
+            backend,
+            rows,
+            prompt_ids,
+            n_samples=k,
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            **rounds,
+        )
+    else:
+        completions, shares = _decode_with_model(
+            model,
+            tokenizer,
+            prompts,
+            batch_size=batch_size,
+            n_samples=k,
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            compute_dtype=compute_dtype,
+            show_progress=show_progress,
+            **rounds,
+        )
+
+    # each process scores its share of the samples (dataset order), in one call
+    def score(p: int) -> list[float]:
+        idx = shares[p]
+        if not idx:
+            return []
+        got = scorer(
+            [data_sources[i] for i in idx],
+            [completions[i] for i in idx],
+            [ground_truths[i] for i in idx],
+            [extra_infos[i] for i in idx],
+        )
+        scores = [float(x) for x in got]
+        if len(scores) != len(idx):
+            raise ValueError(f"scorer returned {len(scores)} scores for {len(idx)} samples")
+        return scores
+
+    rewards: list[float] = [math.nan] * len(prompts)
+    for idx, scores in zip(shares, decode_in_rounds(num_processes, score, **rounds)):
+        for i, x in zip(idx, scores):
+            rewards[i] = x
+    if num_processes > 1:
+        print(
+            f"held-out evaluation: process {process_index} of {num_processes} decoded "
+            f"{len(shares[process_index]) // k} of {len(rows)} problems",
+            flush=True,
+        )
+    # the per-problem results are compared pairwise (before/after), so every sample needs a verdict
+    require_scored(rewards, lambda i: f"held-out problem {rows[i // k].get('prompt_id', i // k)} sample {i % k}")
+    hits = [is_correct(r) for r in rewards]
+    correct: list = hits if k == 1 else [sum(hits[i * k : (i + 1) * k]) / k for i in range(len(rows))]
+    n = len(rows)
+    return {
+        "accuracy": (sum(correct) / n) if n else 0.0,
+        "n": n,
+        "correct": correct,
+        "rewards": rewards,
+        "completions": completions,
+        "prompt_ids": prompt_ids,
+        "samples_per_problem": k,
+        "temperature": float(temperature),
+    }
+
+
+def _decode_with_model(
+    model,
+    tokenizer,
+    prompts: list,
+    *,
+    batch_size: int,
+    n_samples: int,
+    temperature: float,
+    seed: int,
+    max_new_tokens: int,
+    compute_dtype: str | None,
+    show_progress: bool,
+    process_index: int,
+    num_processes: int,
+    gather,
+) -> tuple[list[str], list[list[int]]]:
+    """:func:`evaluate`'s HF decoding: ``(completions, shares)``, ``shares[p]`` the sample indices process ``p``
+    decoded (and scores). Batches (:func:`eval_batches`) are dealt round-robin (:func:`decode_in_rounds`)."""
+    from tqdm.auto import tqdm
+
+    k = n_samples
     # sampled: each batch holds whole groups of k (the sort keeps a problem's k copies together)
     batches = eval_batches(tokenizer, prompts, batch_size if temperature == 0 else max(k, batch_size // k * k))
     bar = tqdm(total=len(prompts), desc="held-out", unit="seq", disable=not show_progress)
@@ -528,52 +624,53 @@ def evaluate(
     for idx, texts in zip(batches, decoded):
         for i, text in zip(idx, texts):
             completions[i] = text
-    # each process scores the samples it decoded (dataset order), in one call
     shares = [
         sorted(i for j in range(p, len(batches), num_processes) for i in batches[j]) for p in range(num_processes)
     ]
+    return completions, shares
 
-    def score(p: int) -> list[float]:
-        idx = shares[p]
-        if not idx:
-            return []
-        got = scorer(
-            [data_sources[i] for i in idx],
-            [completions[i] for i in idx],
-            [ground_truths[i] for i in idx],
-            [extra_infos[i] for i in idx],
-        )
-        scores = [float(x) for x in got]
-        if len(scores) != len(idx):
-            raise ValueError(f"scorer returned {len(scores)} scores for {len(idx)} samples")
-        return scores
 
-    rewards: list[float] = [math.nan] * len(prompts)
-    for idx, scores in zip(shares, decode_in_rounds(num_processes, score, **rounds)):
-        for i, x in zip(idx, scores):
-            rewards[i] = x
-    if num_processes > 1:
-        print(
-            f"held-out evaluation: process {process_index} of {num_processes} decoded "
-            f"{len(shares[process_index]) // k} of {len(rows)} problems",
-            flush=True,
-        )
-    # the per-problem results are compared pairwise (before/after), so every sample needs a verdict
-    require_scored(rewards, lambda i: f"held-out problem {rows[i // k].get('prompt_id', i // k)} sample {i % k}")
-    hits = [is_correct(r) for r in rewards]
-    correct: list = hits if k == 1 else [sum(hits[i * k : (i + 1) * k]) / k for i in range(len(rows))]
-    prompt_ids = [str(r.get("prompt_id", i)) for i, r in enumerate(rows)]
-    n = len(rows)
-    return {
-        "accuracy": (sum(correct) / n) if n else 0.0,
-        "n": n,
-        "correct": correct,
-        "rewards": rewards,
-        "completions": completions,
-        "prompt_ids": prompt_ids,
-        "samples_per_problem": k,
-        "temperature": float(temperature),
-    }
+def _complete_on_engine(
+    backend,
+    rows: list,
+    prompt_ids: list[str],
+    *,
+    n_samples: int,
+    temperature: float,
+    seed: int,
+    max_new_tokens: int,
+    process_index: int,
+    num_processes: int,
+    gather,
+) -> tuple[list[str], list[list[int]]]:
+    """:func:`evaluate` on a generation backend: ``(completions, shares)`` as :func:`_decode_with_model` gives them.
+
+    Engine group ``g`` (processes ``g * G ... g * G + G - 1``, ``G = backend.group_size``) completes the problems
+    ``i`` with ``i % (P // G) == g``; the first process of each group hands its texts to every process. Scoring is
+    shared by problem: process ``p`` scores the problems ``i`` with ``i % P == p``.
+    """
+    k = n_samples
+    group = max(1, int(getattr(backend, "group_size", 1) or 1))
+    n_groups = max(1, num_processes // group)
+    mine = [i for i in range(len(rows)) if i % n_groups == process_index // group]
+    texts = backend.complete(
+        [rows[i]["prompt"] for i in mine],
+        [prompt_ids[i] for i in mine],
+        n_samples=k,
+        temperature=temperature,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+    )
+    if len(texts) != len(mine) * k:
+        raise ValueError(f"{type(backend).__name__}.complete returned {len(texts)} texts for {len(mine) * k} samples")
+    got = gather([(process_index % group == 0, mine, texts)]) if num_processes > 1 else [(True, mine, texts)]
+    completions: list[str] = [""] * (len(rows) * k)
+    for leader, idx, part in got:
+        if leader:
+            for pos, i in enumerate(idx):
+                completions[i * k : (i + 1) * k] = part[pos * k : (pos + 1) * k]
+    shares = [[i * k + j for i in range(p, len(rows), num_processes) for j in range(k)] for p in range(num_processes)]
+    return completions, shares
 
 
 def _mcnemar_exact(n_improved: int, n_worsened: int) -> float:

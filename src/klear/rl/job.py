@@ -228,7 +228,7 @@ def run_rl(
     from trl import GRPOTrainer
 
     from klear.eval.heldout import paired_difference
-    from klear.integrations.vllm import build_trainer, rollout_engine_settings
+    from klear.integrations.vllm import ColocatedEval, build_trainer, rollout_engine_settings
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.rl.periodic_eval import HeldoutCurveCallback
     from klear.rl.reward_fn import make_klear_reward
@@ -276,6 +276,21 @@ def run_rl(
     setup.memory_plan = guard_memory(config, setup, source=source, prompt_tokens=longest)
     eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
     do_eval = heldout is not None and eval_cfg["enabled"]
+    longest_heldout = (
+        check_prompt_context(
+            tokenizer,
+            heldout,
+            budget=eval_cfg["max_new_tokens"],
+            budget_name="eval.max_new_tokens",
+            context=context,
+            where=f"data.heldout={config['data'].get('heldout')}",
+        )
+        if do_eval
+        else 0
+    )
+    on_vllm = do_eval and eval_cfg["backend"] == "vllm"  # the held-out evaluation generates on the rollout engine
+    if do_eval and not on_vllm:  # HF decoding on CUDA: a batch whose KV cache fits
+        eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=longest_heldout + int(eval_cfg["max_new_tokens"]))
     # the colocated vLLM engine's context and (CPU) memory, sized from the data unless the recipe sets them
     try:
         engine = rollout_engine_settings(
@@ -285,6 +300,7 @@ def run_rl(
             config=setup.model_config,
             longest_prompt=longest,
             on_cpu=setup.precision.device == "cpu",
+            eval_need=(longest_heldout, int(eval_cfg["max_new_tokens"])) if on_vllm else None,
         )
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
@@ -292,16 +308,6 @@ def run_rl(
         setattr(args, field, value)
     if engine:
         print(f"vLLM rollout engine (sized from the data): {', '.join(f'{k}={v}' for k, v in engine.items())}")
-    if do_eval:
-        heldout_longest = check_prompt_context(
-            tokenizer,
-            heldout,
-            budget=eval_cfg["max_new_tokens"],
-            budget_name="eval.max_new_tokens",
-            context=context,
-            where=f"data.heldout={config['data'].get('heldout')}",
-        )
-        eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=heldout_longest + int(eval_cfg["max_new_tokens"]))
     logger.info(
         "data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0, time.time() - t0
     )
@@ -319,9 +325,12 @@ def run_rl(
             callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *(callbacks or [])],
         )
         model = trainer.accelerator.unwrap_model(trainer.model)
+        backend = ColocatedEval(trainer, tokenizer) if on_vllm else None  # None: model.generate
         curve = HeldoutCurveCallback(
             out,
-            lambda path: heldout_eval(model, tokenizer, heldout, eval_cfg, path=path, reuse=False, trainer=trainer),
+            lambda path: heldout_eval(
+                model, tokenizer, heldout, eval_cfg, path=path, reuse=False, trainer=trainer, backend=backend
+            ),
             eval_cfg.get("every_steps"),
         )
         if do_eval:
@@ -336,6 +345,7 @@ def run_rl(
                 path=out / "eval_before.json",
                 reuse=bool(setup.resume),
                 trainer=trainer,
+                backend=backend,
             )
             print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
             curve.record(0, before)
@@ -346,7 +356,14 @@ def run_rl(
         assert before is not None  # evaluated before training whenever do_eval
         curve.pause()
         after = heldout_eval(
-            model, tokenizer, heldout, eval_cfg, path=out / "eval_after.json", reuse=False, trainer=trainer
+            model,
+            tokenizer,
+            heldout,
+            eval_cfg,
+            path=out / "eval_after.json",
+            reuse=False,
+            trainer=trainer,
+            backend=backend,
         )
         curve.record(trainer.state.global_step, after)
         report.update(paired_difference(before["correct"], after["correct"]))
