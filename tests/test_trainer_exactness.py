@@ -474,7 +474,7 @@ def test_two_processes_counts_make_the_averaged_gradient_the_global_one(tmp_path
         trainer._annotate_optimizer_windows(mbs)
         for i, mb in enumerate(mbs):
             total = counts[0][i // ga] + counts[1][i // ga]
-            assert [mb[k].item() for k in ("klear_num_tokens", "klear_num_sft_tokens", "klear_num_seqs")] == (
+            assert [mb[k] for k in ("klear_num_tokens", "klear_num_sft_tokens", "klear_num_seqs")] == (
                 (total / 2).tolist()
             )
             trainer._compute_loss(None, mb).backward()

@@ -114,8 +114,8 @@ def _micro_batches(gen, n_micro=2, b=3, t=5):
 
 @pytest.fixture()
 def host_syncs(monkeypatch):
-    """Counts the host syncs (``item``, ``tolist``, ``bool``/``float``/``int`` of a tensor) made outside the loss
-    function itself (klear.rl.losses validates its inputs with syncs of its own)."""
+    """Counts the host syncs (``item``, ``tolist``, ``bool``/``float``/``int`` of a tensor), except while
+    ``in_loss`` is set (the test's own reading of the loss metrics)."""
     count = {"syncs": 0, "in_loss": False}
     for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
         original = getattr(torch.Tensor, name)
@@ -131,7 +131,8 @@ def host_syncs(monkeypatch):
 
 def test_a_micro_batch_s_metrics_cost_one_collective_and_a_logged_step_one_host_sync(tmp_path, monkeypatch, host_syncs):
     """Issue 22 (low): the entropy and every loss metric of a micro-batch are combined over processes by ONE gather
-    (was one reduce plus one gather per metric, ~16) and stay on the device; ``log`` reads all of a logged step's
+    (was one reduce plus one gather per metric, ~16) and stay on the device; the loss itself validates its inputs
+    without a host sync (the step's counts are python numbers, the mask bool); ``log`` reads all of a logged step's
     values with ONE host sync (was 3 + one per metric per micro-batch). The values are those of the loss."""
     rank = _CountingRank()
     trainer = _bare_trainer(_args(tmp_path, loss_mode="gppo", alpha=0.1), rank)
@@ -140,9 +141,9 @@ def test_a_micro_batch_s_metrics_cost_one_collective_and_a_logged_step_one_host_
     real_total_loss = trainer_module.total_loss
 
     def total_loss(batch, settings):
+        loss, metrics = real_total_loss(batch, settings)  # its syncs count: the loss validates its inputs
         host_syncs["in_loss"] = True
         try:
-            loss, metrics = real_total_loss(batch, settings)
             returned.append({k: float(v) for k, v in metrics.items()})
             return loss, metrics
         finally:

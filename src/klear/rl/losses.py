@@ -217,7 +217,8 @@ def _resolve_count(name: str, value: Count | None, local_count: torch.Tensor, wh
     """Validate an explicit divisor (``num_tokens``, ``num_seqs``) against this batch's own count.
 
     Returns the divisor as a python float (1.0 when it is 0 and there is nothing to
-    divide), or None when ``value`` is None.  Forces one host sync (``.item()``).
+    divide), or None when ``value`` is None. A tensor ``value`` costs one host sync (``.item()``); a
+    python number none (this batch's count is read only when ``value`` is 0).
     """
     if value is None:
         return None
@@ -233,13 +234,15 @@ def _resolve_count(name: str, value: Count | None, local_count: torch.Tensor, wh
         raise TypeError(f"{name} must be a number or a 1-element tensor, got {type(value).__name__}")
     if not math.isfinite(v) or v < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+    if v > 0:
+        # No lower bound against this batch's count: under data parallelism the divisor is the whole step's
+        # count divided by the number of workers (their gradients are averaged), which can be below the count
+        # of a worker that holds more than average.
+        return v
     local = int(local_count.item())
-    if local > 0 and v <= 0:
+    if local > 0:
         raise ValueError(f"{name} must be > 0 when the batch has {what} (this batch has {local})")
-    # No lower bound against `local`: under data parallelism the divisor is the whole step's
-    # count divided by the number of workers (their gradients are averaged), which can be below
-    # the count of a worker that holds more than average.
-    return v if v > 0 else 1.0
+    return 1.0
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -752,10 +752,10 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             [self._loss_mask(mb) for mb in micro_batches], [mb["klear_is_correct"] for mb in micro_batches], ga
         )
         counts = self.accelerator.reduce(counts, reduction="sum") / self.accelerator.num_processes
+        # python floats (float32 values): one host sync per rollout batch, none in the micro-batches' losses
+        window = counts.float().tolist()
         for i, mb in enumerate(micro_batches):
-            mb["klear_num_tokens"] = counts[i // ga, 0].float()
-            mb["klear_num_sft_tokens"] = counts[i // ga, 1].float()
-            mb["klear_num_seqs"] = counts[i // ga, 2].float()
+            mb["klear_num_tokens"], mb["klear_num_sft_tokens"], mb["klear_num_seqs"] = window[i // ga][:3]
 
     @staticmethod
     def _loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
@@ -801,7 +801,7 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             log_prob=log_prob,
             old_log_prob=old_log_prob,
             advantages=inputs["advantages"],
-            response_mask=self._loss_mask(inputs),
+            response_mask=self._loss_mask(inputs) != 0,  # bool: the loss then checks its values without a sync
             entropies=entropies,  # read by the modes that need them; the entropy metrics for every mode
             old_entropies=old_entropies if settings.mode.needs_old_entropies else None,
             is_correct=inputs["klear_is_correct"],
@@ -850,7 +850,8 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         if windowed:  # the exact divisors of this optimizer step (all processes)
             n_proc = self.accelerator.num_processes
             keys += [("klear/num_loss_tokens", n_proc), ("klear/num_sft_tokens", n_proc)]
-            row += [inputs["klear_num_tokens"].reshape(1), inputs["klear_num_sft_tokens"].reshape(1)]
+            counts = [inputs["klear_num_tokens"], inputs["klear_num_sft_tokens"]]
+            row.append(torch.tensor(counts, dtype=torch.float32, device=row[0].device))
         if not hasattr(self, "_klear_pending_metrics"):
             self._klear_pending_metrics = []
         self._klear_pending_metrics.append((mode, keys, torch.cat(row)))
