@@ -238,6 +238,61 @@ def test_cli_dry_run_without_a_gpu_needs_the_memory(checkpoint, tmp_path, capsys
     assert code == 2 and "--gpu-memory-gb" in capsys.readouterr().err
 
 
+def test_accelerate_config_file_relative_in_a_checkout_absolute_elsewhere(tmp_path, monkeypatch):
+    from klear.config import CONFIG_DIR, accelerate_config_file
+
+    monkeypatch.chdir(ACCELERATE.parents[3])  # the repository root: configs/ links to src/klear/configs
+    assert accelerate_config_file("zero3") == "configs/accelerate/zero3.yaml"
+    monkeypatch.chdir(tmp_path)  # a pip user's working directory: no configs/ here
+    path = Path(accelerate_config_file("fsdp2"))
+    assert path.is_absolute() and path.is_file() and path == CONFIG_DIR / "accelerate" / "fsdp2.yaml"
+    (tmp_path / "configs" / "accelerate").mkdir(parents=True)  # a user's own file of that name is not klear's
+    (tmp_path / "configs" / "accelerate" / "zero3.yaml").write_text("distributed_type: MULTI_GPU\n")
+    assert Path(accelerate_config_file("zero3")).is_absolute()
+    with pytest.raises(
+        FileNotFoundError, match=r"accelerate config 'zero2' not found \(shipped: \['fsdp2', 'zero3'\]\)"
+    ):
+        accelerate_config_file("zero2")
+
+
+def test_cli_dry_run_outside_a_checkout_names_the_installed_accelerate_config(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    from klear.cli import main
+    from klear.config import CONFIG_DIR
+
+    monkeypatch.chdir(tmp_path)
+    common = ["sft", "--config", "sft_klear", "--dry-run", "--gpu-memory-gb", "80", f"model={checkpoint}"]
+    common += ["data.train=x.jsonl"]
+    zero3 = CONFIG_DIR / "accelerate" / "zero3.yaml"
+    assert main([*common, "--gpus", "8", "--strategy", "ddp"]) == 0
+    assert f"fix: launch with --config_file {zero3} (DeepSpeed ZeRO-3)" in capsys.readouterr().out
+    assert main([*common, "--gpus", "8", "--strategy", "zero3"]) == 0  # the shipped file's 8 processes
+    assert f"launch: accelerate launch --config_file {zero3} -m klear.cli sft (" in capsys.readouterr().out
+    assert main([*common, "--gpus", "4", "--strategy", "fsdp2"]) == 0
+    fsdp2 = CONFIG_DIR / "accelerate" / "fsdp2.yaml"
+    assert f"--config_file {fsdp2} --num_processes 4 -m klear.cli sft (" in capsys.readouterr().out
+
+
+def test_cli_dry_run_unreadable_model_config_is_one_line(monkeypatch, capsys):
+    import transformers
+
+    from klear.cli import main
+
+    def offline(*args, **kwargs):  # transformers' message for a hub id with no network and no cache
+        raise OSError(
+            "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+            "cached files.\nCheck your internet connection or see how to run the library in offline mode."
+        )
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    args = ["sft", "--config", "sft_klear", "--dry-run", "--gpus", "8", "--gpu-memory-gb", "80", "data.train=x"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("klear sft: error: model 'Qwen/Qwen3-8B-Base': cannot read its")
+    assert "We couldn't connect" in err and "Check your internet" not in err
+
+
 def test_eval_batch_cap_on_cuda_only(checkpoint, fake_gpu, tmp_path, capsys):
     fake_gpu("zero3")
     _, setup = _prepare("rl_math_klear", checkpoint, tmp_path)

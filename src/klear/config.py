@@ -64,6 +64,26 @@ def find_config(name_or_path: str | Path, directory: Path = CONFIG_DIR, what: st
     raise FileNotFoundError(f"{what} {str(name_or_path)!r} not found (shipped: {shipped})")
 
 
+def accelerate_config_file(name: str) -> str:
+    """The ``accelerate launch --config_file`` argument for a shipped accelerate config (``zero3``, ``fsdp2``).
+
+    ``configs/accelerate/<name>.yaml`` when that relative path is the shipped file (a git checkout's root, where
+    ``configs`` links to ``src/klear/configs``); otherwise the installed file's absolute path (a pip install, or
+    any other working directory), so the printed launch line works where it is printed.
+
+    Raises:
+        FileNotFoundError: no such shipped config; lists the shipped names.
+    """
+    shipped = CONFIG_DIR / "accelerate" / f"{name}.yaml"
+    if not shipped.is_file():
+        names = sorted(p.stem for p in (CONFIG_DIR / "accelerate").glob("*.yaml"))
+        raise FileNotFoundError(f"accelerate config {name!r} not found (shipped: {names})")
+    relative = Path("configs") / "accelerate" / shipped.name
+    if relative.is_file() and relative.resolve() == shipped.resolve():
+        return relative.as_posix()
+    return str(shipped)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``"a.b=value"`` into ``(["a", "b"], parsed_value)``.
 

@@ -818,13 +818,14 @@ def prepare_run(
             it cannot run (:func:`klear.integrations.vllm.cpu_rollout_settings`), ``use_vllm`` on a GPU without
             vLLM's CUDA build (:func:`klear.integrations.vllm.gpu_rollout_settings`), a trainer value
             ``config_cls`` rejects, or a resume checkpoint of another model (all prefixed with ``source``).
-        FileNotFoundError: ``resume`` was asked but there is no checkpoint.
+        FileNotFoundError: ``resume`` was asked but there is no checkpoint; the model's config cannot be read
+            (:func:`klear.models.embedded.load_model_config`).
     """
     import os
 
     from transformers import AutoConfig
 
-    from klear.models.embedded import resolve_model_path
+    from klear.models.embedded import load_model_config, resolve_model_path
 
     out = Path(config["output_dir"])
     flag = "--resume" if resume is True else "--resume-from"
@@ -834,7 +835,7 @@ def prepare_run(
     resume = resolve_resume(out, resume)
     seed = int(config.get("seed", 0))
     model_path = resolve_model_path(str(config["model"]))
-    model_config = AutoConfig.from_pretrained(model_path)
+    model_config = load_model_config(model_path)
     if resume:
         check_checkpoint_model(resume, model_config, str(config["model"]), flag=flag)
     context, checkpoint_context = run_context(config, model_config)
@@ -1057,8 +1058,11 @@ def recipe_memory_plan(
 
 
 def _plan_fix(config: dict[str, Any], args, model_config, plan, context: int, prompt_tokens: int | None = None) -> str:
-    """The first change that makes ``plan`` fit, as an instruction."""
+    """The first change that makes ``plan`` fit, as an instruction (a shipped accelerate config by the path
+    :func:`klear.config.accelerate_config_file` gives from here)."""
     import copy
+
+    from klear.config import accelerate_config_file
 
     def fits(strategy: str = plan.strategy, **changes: Any) -> bool:
         changed = copy.copy(args)
@@ -1078,7 +1082,7 @@ def _plan_fix(config: dict[str, Any], args, model_config, plan, context: int, pr
         ).fits
 
     if plan.strategy != "zero3" and fits("zero3"):
-        return "launch with --config_file configs/accelerate/zero3.yaml (DeepSpeed ZeRO-3)"
+        return f"launch with --config_file {accelerate_config_file('zero3')} (DeepSpeed ZeRO-3)"
     colocated = hasattr(args, "num_generations") and getattr(args, "use_vllm", False)
     if colocated and not getattr(args, "vllm_enable_sleep_mode", False) and fits(vllm_enable_sleep_mode=True):
         return "set trainer.vllm_enable_sleep_mode=true (the engine sleeps while the model trains)"
@@ -1164,17 +1168,18 @@ def dry_run(
 
     Raises:
         ValueError: no GPU here and no ``gpu_memory_gb``; bad numbers (one line).
+        FileNotFoundError: the model's config cannot be read (:func:`klear.models.embedded.load_model_config`).
     """
     import torch
-    from transformers import AutoConfig
 
+    from klear.config import accelerate_config_file, load_yaml
     from klear.memory import STRATEGIES
-    from klear.models.embedded import resolve_model_path
+    from klear.models.embedded import load_model_config, resolve_model_path
 
     _, _, args = trainer_arguments(
         config, source=source, config_cls=config_cls, trainer_defaults=trainer_defaults, machine_checks=False
     )
-    model_config = AutoConfig.from_pretrained(resolve_model_path(str(config["model"])))
+    model_config = load_model_config(resolve_model_path(str(config["model"])))
     context, checkpoint_context = run_context(config, model_config)
     launched, launched_processes = launch_strategy()
     if gpus is None:
@@ -1206,6 +1211,16 @@ def dry_run(
     print(plan.table(), flush=True)
     if not plan.fits:
         print(f"fix: {_plan_fix(config, args, model_config, plan, context)}", flush=True)
+    elif strategy in ("zero3", "fsdp2"):
+        shipped = accelerate_config_file(strategy)
+        processes = load_yaml(Path(shipped).read_text()).get("num_processes")
+        count = f" --num_processes {gpus}" if processes != gpus else ""
+        stage = "rl" if hasattr(args, "num_generations") else "sft"
+        print(
+            f"launch: accelerate launch --config_file {shipped}{count} -m klear.cli {stage} "
+            "(then this command's --config and overrides)",
+            flush=True,
+        )
     return plan
 
 
@@ -1325,6 +1340,9 @@ def add_run_arguments(parser, *, default_recipe: str, recipes: str) -> None:
         "--strategy",
         choices=("ddp", "zero1", "zero2", "zero3", "fsdp2"),
         default=None,
-        help="--dry-run: ddp (plain accelerate launch), zero3 or fsdp2 (configs/accelerate/*.yaml)",
+        help=(
+            "--dry-run: ddp (plain accelerate launch), zero3 or fsdp2 (klear's shipped accelerate configs; the "
+            "plan prints the file's path), zero1/zero2 (DeepSpeed stages, no shipped config); default: the launch's"
+        ),
     )
     parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")

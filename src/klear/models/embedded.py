@@ -118,6 +118,29 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(Path(name_or_path).expanduser()) if looks_local else name_or_path
 
 
+def load_model_config(model_path: str):
+    """The ``AutoConfig`` of a checkpoint folder or hub id (only its ``config.json`` is read, no weights).
+
+    Args:
+        model_path: what :func:`resolve_model_path` returned.
+
+    Raises:
+        FileNotFoundError: one line naming the model when transformers cannot read its config (a hub id with no
+            network and not in the Hugging Face cache, a folder without ``config.json``); transformers' own
+            ``OSError`` is several lines.
+    """
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_path)
+    except OSError as e:
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise FileNotFoundError(
+            f"model {model_path!r}: cannot read its config.json ({first}); give a local checkpoint folder, or a "
+            "hub id with network or in the Hugging Face cache"
+        ) from e
+
+
 def tiny_random_model(
     tokenizer_path: str | os.PathLike | None = None, *, hidden_size: int = 64, num_layers: int = 2, seed: int = 0
 ):
