@@ -208,6 +208,16 @@ def test_eval_output_that_cannot_be_written_is_refused_before_the_model_loads(
     assert a_file.read_text() == "not a folder" and list(read_only_dir.iterdir()) == []
 
 
+def test_eval_model_without_a_readable_config_is_one_line(tmp_path, capsys):
+    # a folder with no config.json (an offline hub id fails the same way): named, before any weights load
+    bench = _jsonl(tmp_path / "bench.jsonl", [{"id": 0, "problem": "What is 1 + 1?", "answer": "2"}])
+    empty = tmp_path / "ckpt"
+    empty.mkdir()
+    code = main(["eval", "--model", str(empty), "--benchmark", str(bench), "--output", str(tmp_path / "o"), "--n", "1"])
+    line = _one_error_line(capsys, "eval")
+    assert code == 2 and f"model {str(empty)!r}: cannot read its config.json" in line
+
+
 def _dedup_input(tmp_path):
     from conftest import math_rows, write_jsonl
 

@@ -225,6 +225,10 @@ def test_cli_dry_run_prints_the_plan(command, recipe, checkpoint, tmp_path, caps
     assert "74.5 GiB" in out and "fits" in out and "does NOT fit" not in out
     if command == "rl":
         assert "context 36864 tokens (raised from the checkpoint's 32768)" in out
+        # the paper (Sec. 4.1): 128 prompts x 8 responses per rollout batch, 16 prompts per optimizer step
+        assert "128 rollouts (16 prompts x 8) per optimizer step, 1024 (128 prompts) per rollout batch" in out
+    else:  # 1 packed row x 8 accumulation x 8 processes (the recipe's comment)
+        assert "batch on 8 process(es): 64 rows per optimizer step" in out
     assert main([*common, "--strategy", "ddp", *overrides]) == 0
     out = capsys.readouterr().out
     assert "does NOT fit" in out and "fix: launch with --config_file configs/accelerate/zero3.yaml" in out

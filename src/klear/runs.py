@@ -1209,6 +1209,7 @@ def dry_run(
         config, args, model_config, strategy=strategy, processes=gpus, device_bytes=device_bytes, context=context
     )
     print(plan.table(), flush=True)
+    print(batch_arithmetic(args, gpus), flush=True)
     if not plan.fits:
         print(f"fix: {_plan_fix(config, args, model_config, plan, context)}", flush=True)
     elif strategy in ("zero3", "fsdp2"):
@@ -1222,6 +1223,25 @@ def dry_run(
             flush=True,
         )
     return plan
+
+
+def batch_arithmetic(args, processes: int) -> str:
+    """One line: what a recipe's batch settings give on ``processes`` processes (the recipes state theirs for 8;
+    on another count the batch changes unless the recipe is changed too). RL (arguments with
+    ``num_generations``): rollouts (and prompts) per optimizer step and per rollout batch; SFT: rows per step."""
+    per_step = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps) * int(processes)
+    if hasattr(args, "num_generations"):
+        group = int(args.num_generations)
+        per_generation = int(args.per_device_train_batch_size) * int(args.steps_per_generation) * int(processes)
+        return (
+            f"batch on {processes} process(es): {per_step} rollouts ({per_step // group} prompts x {group}) per "
+            f"optimizer step, {per_generation} ({per_generation // group} prompts) per rollout batch "
+            "(per_device_train_batch_size x gradient_accumulation_steps / steps_per_generation x processes)"
+        )
+    return (
+        f"batch on {processes} process(es): {per_step} rows per optimizer step "
+        "(per_device_train_batch_size x gradient_accumulation_steps x processes)"
+    )
 
 
 def cap_eval_batch_size(eval_cfg: dict[str, Any], setup: RunSetup, *, tokens: int) -> dict[str, Any]:

@@ -214,8 +214,6 @@ def handler(ns: argparse.Namespace) -> int:
     if ks and ks[-1] > ns.n:
         raise ValueError(f"--k {ns.k}: pass@{ks[-1]} needs k <= n = {ns.n} (k > n is refused, not estimated)")
 
-    from transformers import AutoConfig
-
     from klear.eval.backends import (
         HFBackend,
         SamplingSettings,
@@ -226,7 +224,7 @@ def handler(ns: argparse.Namespace) -> int:
         select_backend,
     )
     from klear.eval.harness import ensure_judges
-    from klear.models.embedded import resolve_model_path
+    from klear.models.embedded import load_model_config, resolve_model_path
 
     sampling = SamplingSettings(temperature=ns.temperature, top_p=ns.top_p, max_tokens=ns.max_tokens)
     benchmark = bench()
@@ -236,10 +234,11 @@ def handler(ns: argparse.Namespace) -> int:
     dtype = str(torch_dtype(ns.dtype)).split(".")[-1]  # refuses bf16/fp16 without a GPU, before any model loads
     model_path = resolve_model_path(ns.model)
     backend_name = select_backend(ns.backend)
+    model_config = load_model_config(model_path)  # one line for an unreadable model (an offline hub id)
     tokenizer = load_tokenizer(model_path)
     longest = max(len(prompt_token_ids(tokenizer, p.messages)) for p in benchmark.problems)
     plan = plan_context(
-        AutoConfig.from_pretrained(model_path),
+        model_config,
         max_tokens=ns.max_tokens,
         max_prompt_tokens=longest,
         rope_scaling=ns.rope_scaling,

@@ -129,8 +129,16 @@ def load_model_config(model_path: str):
             network and not in the Hugging Face cache, a folder without ``config.json``); transformers' own
             ``OSError`` is several lines.
     """
+    from pathlib import Path
+
     from transformers import AutoConfig
 
+    folder = Path(model_path).expanduser()
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model {model_path!r}: cannot read its config.json (the folder has none); expected a Hugging Face "
+            "checkpoint folder (config.json, weights, tokenizer)"
+        )
     try:
         return AutoConfig.from_pretrained(model_path)
     except OSError as e:
