@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from klear import runs
-from klear.config import load_config
+from klear.config import CONFIG_DIR, load_config
 from klear.precision import Precision
 from test_memory import qwen3_8b_config
 
@@ -227,6 +227,8 @@ def test_cli_dry_run_prints_the_plan(command, recipe, checkpoint, tmp_path, caps
         assert "context 36864 tokens (raised from the checkpoint's 32768)" in out
         # the paper (Sec. 4.1): 128 prompts x 8 responses per rollout batch, 16 prompts per optimizer step
         assert "128 rollouts (16 prompts x 8) per optimizer step, 1024 (128 prompts) per rollout batch" in out
+        assert main([*common, "--strategy", "zero3", "--prompt-tokens", "1000", *overrides]) == 0
+        assert "sequences planned at 33768 tokens (--prompt-tokens 1000" in capsys.readouterr().out  # 1000 + 32768
     else:  # 1 packed row x 8 accumulation x 8 processes (the recipe's comment)
         assert "batch on 8 process(es): 64 rows per optimizer step" in out
     assert main([*common, "--strategy", "ddp", *overrides]) == 0
@@ -306,3 +308,43 @@ def test_eval_batch_cap_on_cuda_only(checkpoint, fake_gpu, tmp_path, capsys):
     assert f"eval.batch_size 32 -> {capped['batch_size']}" in capsys.readouterr().out
     cpu = runs.RunSetup(**{**vars(setup), "precision": Precision("cpu", "float32")})
     assert runs.cap_eval_batch_size(eval_cfg, cpu, tokens=setup.context) is eval_cfg
+
+
+def test_gpu_experiments_fit_one_80gb_gpu_on_their_checkpoints_context(tmp_path, monkeypatch, capsys):
+    """The *_gpu experiments (one GPU, Qwen2.5-1.5B-Instruct / -Coder, 32K positions, 1-2K-token responses): every
+    arm plans under plain DDP on one 80 GB GPU at 512-token prompts, and keeps the checkpoint's context (their base,
+    rl_math_klear, raises it to 4K + 32K)."""
+    from transformers import Qwen2Config
+
+    from klear.experiment import load_experiment, plan_runs
+    from klear.rl.job import plan_rl
+
+    monkeypatch.setenv("KLEAR_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "qwen2.5-1.5b"
+    Qwen2Config(
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ).save_pretrained(path)
+    files = sorted(CONFIG_DIR.glob("experiments/*_gpu.yaml"))
+    assert len(files) == 5
+    for file in files:
+        for run, config in plan_runs(load_experiment(file), [0], tmp_path / "xp").items():
+            plan = plan_rl(
+                {**config, "model": str(path)},
+                source=f"{file.stem} {run}",
+                gpus=1,
+                gpu_memory_gb=80,
+                strategy="ddp",
+                prompt_tokens=512,
+            )
+            out = capsys.readouterr().out
+            assert plan.fits, (file.stem, run, out)
+            assert "context 32768 tokens; no weights loaded" in out and "raised" not in out, (file.stem, run)
+            tokens = 512 + config["trainer"]["max_completion_length"]
+            assert f"sequences planned at {tokens} tokens (--prompt-tokens 512 + max_completion_length)" in out

@@ -1154,6 +1154,7 @@ def dry_run(
     gpus: int | None = None,
     gpu_memory_gb: float | None = None,
     strategy: str | None = None,
+    prompt_tokens: int | None = None,
 ) -> Any:
     """``klear rl|sft --dry-run``: print the per-GPU memory plan of a validated recipe; no weights load.
 
@@ -1162,6 +1163,8 @@ def dry_run(
 
     Args:
         gpus, gpu_memory_gb, strategy: plan for another cluster (``gpu_memory_gb``: 10^9 bytes per unit).
+        prompt_tokens: ``klear rl``: plan sequences of this prompt length + ``max_completion_length`` (the data is
+            not read; default: the whole context, an upper bound).
 
     Returns:
         The :class:`klear.memory.MemoryPlan`.
@@ -1199,19 +1202,35 @@ def dry_run(
         raise ValueError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
     raised = f" (raised from the checkpoint's {checkpoint_context})" if context > checkpoint_context > 0 else ""
     print(f"recipe valid; context {context} tokens{raised}; no weights loaded", flush=True)
+    if prompt_tokens is not None and (isinstance(prompt_tokens, bool) or prompt_tokens < 1):
+        raise ValueError(f"--prompt-tokens {prompt_tokens}: expected an integer >= 1")
     if hasattr(args, "num_generations"):
-        print(
-            "sequences planned at the whole context (data not read: an upper bound); the run plans its longest "
-            "prompt + trainer.max_completion_length",
-            flush=True,
-        )
+        if prompt_tokens is None:
+            print(
+                "sequences planned at the whole context (data not read: an upper bound; --prompt-tokens N plans "
+                "N + trainer.max_completion_length, as the run plans its longest prompt)",
+                flush=True,
+            )
+        else:
+            tokens = prompt_tokens + int(args.max_completion_length)
+            tokens = min(context, tokens) if context else tokens
+            print(f"sequences planned at {tokens} tokens (--prompt-tokens {prompt_tokens} + max_completion_length)")
+    elif prompt_tokens is not None:
+        raise ValueError("--prompt-tokens: klear rl only (klear sft plans trainer.max_length)")
     plan = recipe_memory_plan(
-        config, args, model_config, strategy=strategy, processes=gpus, device_bytes=device_bytes, context=context
+        config,
+        args,
+        model_config,
+        strategy=strategy,
+        processes=gpus,
+        device_bytes=device_bytes,
+        context=context,
+        prompt_tokens=prompt_tokens,
     )
     print(plan.table(), flush=True)
     print(batch_arithmetic(args, gpus), flush=True)
     if not plan.fits:
-        print(f"fix: {_plan_fix(config, args, model_config, plan, context)}", flush=True)
+        print(f"fix: {_plan_fix(config, args, model_config, plan, context, prompt_tokens)}", flush=True)
     elif strategy in ("zero3", "fsdp2"):
         shipped = accelerate_config_file(strategy)
         processes = load_yaml(Path(shipped).read_text()).get("num_processes")
@@ -1326,7 +1345,14 @@ def run_command(ns, stage: str, run, plan=None) -> int:
     print(f"klear {stage}: recipe {path}, run directory {config.get('output_dir')}", flush=True)
     source = f"{path} + command-line overrides" if ns.overrides else str(path)
     if getattr(ns, "dry_run", False) and plan is not None:
-        plan(config, source=source, gpus=ns.gpus, gpu_memory_gb=ns.gpu_memory_gb, strategy=ns.strategy)
+        plan(
+            config,
+            source=source,
+            gpus=ns.gpus,
+            gpu_memory_gb=ns.gpu_memory_gb,
+            strategy=ns.strategy,
+            **({"prompt_tokens": ns.prompt_tokens} if getattr(ns, "prompt_tokens", None) is not None else {}),
+        )
         return 0
     run(config, source=source, resume=ns.resume_from or ns.resume)
     return 0
@@ -1364,5 +1390,11 @@ def add_run_arguments(parser, *, default_recipe: str, recipes: str) -> None:
             "--dry-run: ddp (plain accelerate launch), zero3 or fsdp2 (klear's shipped accelerate configs; the "
             "plan prints the file's path), zero1/zero2 (DeepSpeed stages, no shipped config); default: the launch's"
         ),
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="--dry-run, klear rl: plan prompts of this many tokens (default: the whole context, an upper bound)",
     )
     parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
