@@ -331,6 +331,7 @@ def test_klear_rl_refuses_a_bad_loss_setting_before_any_model_loads(tmp_path, mo
     for cls in (transformers.AutoConfig, transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
         monkeypatch.setattr(cls, "from_pretrained", no_model)
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # read only by the (patched) AutoConfig
     train = tmp_path / "train.jsonl"
     train.write_text(
         '{"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "math_test", '
