@@ -419,14 +419,67 @@ def filter_min_tests(
     )
 
 
-def _samples_params(samples, sample_id_field, id_field, correct_score, missing):
-    return {
-        "samples": str(samples),
-        "sample_id_field": sample_id_field,
-        "id_field": id_field,
-        "correct_score": correct_score,
-        "missing": missing,
-    }
+def _run_sample_rule(
+    inp,
+    out,
+    samples,
+    command: str,
+    judge_row,
+    params: dict[str, Any],
+    *,
+    check=None,
+    modifies: bool = False,
+    extra=None,
+    sample_id_field,
+    id_field,
+    text_field,
+    correct_score,
+    missing,
+    judge_workers,
+    progress,
+    quiet,
+    started,
+) -> dict[str, Any]:
+    """Run a rule computed from each problem's teacher-sample counts [n, c] over ``inp`` into ``out``.
+
+    ``judge_row(rec, problem_id, n, c)`` returns a :class:`Drop` or None; ``check(stats)`` may refuse the whole
+    sample set before any row is written. ``params`` are the rule's own settings, recorded in the report with
+    the sample-reading ones; ``extra()`` adds to the report (default: the number of problems with samples);
+    ``modifies``: the rule rewrites rows (as :func:`run_rows`).
+    """
+    _check_missing(missing)
+    stats = load_sample_stats(
+        samples,
+        sample_id_field=sample_id_field,
+        sample_text_field=text_field,
+        correct_score=correct_score,
+        problems=inp,
+        id_field=id_field,
+        text_field=text_field,
+        judge_workers=judge_workers,
+        progress=progress,
+    )
+    if check is not None:
+        check(stats)
+    return run_rows(
+        inp,
+        out,
+        command,
+        _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge_row),
+        params={
+            **params,
+            "samples": str(samples),
+            "sample_id_field": sample_id_field,
+            "id_field": id_field,
+            "correct_score": correct_score,
+            "missing": missing,
+        },
+        modifies=modifies,
+        extra=extra or (lambda: {"problems_with_samples": len(stats)}),
+        progress=progress,
+        quiet=quiet,
+        started=started,
+    )
 
 
 def filter_pass_at_k(
@@ -468,24 +521,14 @@ def filter_pass_at_k(
     started = time.perf_counter()
     _num("k", k, 1, integer=True)
     _num("threshold", threshold, 0.0, 1.0)
-    _check_missing(missing)
-    stats = load_sample_stats(
-        samples,
-        sample_id_field=sample_id_field,
-        sample_text_field=text_field,
-        correct_score=correct_score,
-        problems=inp,
-        id_field=id_field,
-        text_field=text_field,
-        judge_workers=judge_workers,
-        progress=progress,
-    )
-    most = max((s[0] for s in stats.values()), default=0)
-    if stats and k > most:  # as klear eval: pass@k needs k <= n; here no problem could pass
-        raise ValueError(
-            f"{samples}: --k {k} is larger than the samples of every problem (at most {most} per "
-            f"problem); pass@k needs k <= n (use --k {most} or more samples)"
-        )
+
+    def check(stats):
+        most = max((s[0] for s in stats.values()), default=0)
+        if stats and k > most:  # as klear eval: pass@k needs k <= n; here no problem could pass
+            raise ValueError(
+                f"{samples}: --k {k} is larger than the samples of every problem (at most {most} per "
+                f"problem); pass@k needs k <= n (use --k {most} or more samples)"
+            )
 
     def judge(rec, pid, n, c):
         if n < k:
@@ -497,17 +540,20 @@ def filter_pass_at_k(
             else Drop("pass_at_k_too_low", {"problem_id": pid, "n": n, "c": c, "pass_at_k": value})
         )
 
-    return run_rows(
+    return _run_sample_rule(
         inp,
         out,
+        samples,
         "filter pass-at-k",
-        _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge),
-        params={
-            "k": k,
-            "threshold": threshold,
-            **_samples_params(samples, sample_id_field, id_field, correct_score, missing),
-        },
-        extra=lambda: {"problems_with_samples": len(stats)},
+        judge,
+        {"k": k, "threshold": threshold},
+        check=check,
+        sample_id_field=sample_id_field,
+        id_field=id_field,
+        text_field=text_field,
+        correct_score=correct_score,
+        missing=missing,
+        judge_workers=judge_workers,
         progress=progress,
         quiet=quiet,
         started=started,
@@ -548,35 +594,25 @@ def filter_majority(
     started = time.perf_counter()
     _num("min_fraction", min_fraction, 0.0, 1.0)
     _num("min_samples", min_samples, 1, integer=True)
-    _check_missing(missing)
-    stats = load_sample_stats(
-        samples,
-        sample_id_field=sample_id_field,
-        sample_text_field=text_field,
-        correct_score=correct_score,
-        problems=inp,
-        id_field=id_field,
-        text_field=text_field,
-        judge_workers=judge_workers,
-        progress=progress,
-    )
 
     def judge(rec, pid, n, c):
         if n < min_samples:
             return Drop("too_few_samples", {"problem_id": pid, "n": n, "min_samples": min_samples})
         return None if c / n > min_fraction else Drop("no_majority", {"problem_id": pid, "n": n, "c": c})
 
-    return run_rows(
+    return _run_sample_rule(
         inp,
         out,
+        samples,
         "filter majority",
-        _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge),
-        params={
-            "min_fraction": min_fraction,
-            "min_samples": min_samples,
-            **_samples_params(samples, sample_id_field, id_field, correct_score, missing),
-        },
-        extra=lambda: {"problems_with_samples": len(stats)},
+        judge,
+        {"min_fraction": min_fraction, "min_samples": min_samples},
+        sample_id_field=sample_id_field,
+        id_field=id_field,
+        text_field=text_field,
+        correct_score=correct_score,
+        missing=missing,
+        judge_workers=judge_workers,
         progress=progress,
         quiet=quiet,
         started=started,
@@ -636,18 +672,6 @@ def label_difficulty(
     _num("hard_below", hard_below, 0.0, 1.0)
     if hard_below > easy_min:
         raise ValueError(f"hard_below ({hard_below}) must be <= easy_min ({easy_min})")
-    _check_missing(missing)
-    stats = load_sample_stats(
-        samples,
-        sample_id_field=sample_id_field,
-        sample_text_field=text_field,
-        correct_score=correct_score,
-        problems=inp,
-        id_field=id_field,
-        text_field=text_field,
-        judge_workers=judge_workers,
-        progress=progress,
-    )
     labels: dict[str, int] = {}
 
     def judge(rec, pid, n, c):
@@ -659,20 +683,21 @@ def label_difficulty(
             _set_path(rec.data, rate_field, rate, where(inp, rec))
         return None
 
-    return run_rows(
+    return _run_sample_rule(
         inp,
         out,
+        samples,
         "filter difficulty",
-        _stats_decider(inp, stats, _id_fields(id_field), text_field, missing, judge),
+        judge,
+        {"easy_min": easy_min, "hard_below": hard_below, "label_field": label_field, "rate_field": rate_field},
         modifies=True,
-        params={
-            "easy_min": easy_min,
-            "hard_below": hard_below,
-            "label_field": label_field,
-            "rate_field": rate_field,
-            **_samples_params(samples, sample_id_field, id_field, correct_score, missing),
-        },
         extra=lambda: {"labels": labels},
+        sample_id_field=sample_id_field,
+        id_field=id_field,
+        text_field=text_field,
+        correct_score=correct_score,
+        missing=missing,
+        judge_workers=judge_workers,
         progress=progress,
         quiet=quiet,
         started=started,

@@ -147,6 +147,26 @@ def _fmt(n: int) -> str:
     return str(n)
 
 
+def _write_columns(columns: list[tuple[str, int]], lines: list[str]) -> int:
+    """Column arithmetic, ones first: each column is (its expression, its value before the carry); appends one
+    line per column ("tens: 4+7+1=12, write 2 carry 1"; the last column writes its whole sum) and returns the
+    number written."""
+    carry = 0
+    written: list[str] = []
+    for k, (expr0, value) in enumerate(columns):
+        s = value + carry
+        expr = expr0 + (f"+{carry}" if carry else "")
+        if k == len(columns) - 1:
+            lines.append(f"{_place(k)}: {expr}={s}, write {s}")
+            written.append(str(s))
+        else:
+            carry_text = f" carry {s // 10}" if s >= 10 else ""
+            lines.append(f"{_place(k)}: {expr}={s}, write {s % 10}{carry_text}")
+            written.append(str(s % 10))
+            carry = s // 10
+    return int("".join(reversed(written)))
+
+
 def _add(a: int, b: int, lines: list[str]) -> int:
     """Column addition of two non-negative ints; appends the work and returns a + b."""
     assert a >= 0 and b >= 0
@@ -156,23 +176,12 @@ def _add(a: int, b: int, lines: list[str]) -> int:
         return total
     lines.append(f"{a}+{b}")
     da, db = _digits(a), _digits(b)
-    n = max(len(da), len(db))
-    carry = 0
-    written: list[str] = []
-    for k in range(n):
+    columns = []
+    for k in range(max(len(da), len(db))):
         x = da[k] if k < len(da) else 0
         y = db[k] if k < len(db) else 0
-        s = x + y + carry
-        expr = f"{x}+{y}" + (f"+{carry}" if carry else "")
-        if k == n - 1:
-            lines.append(f"{_place(k)}: {expr}={s}, write {s}")
-            written.append(str(s))
-        else:
-            carry_text = f" carry {s // 10}" if s >= 10 else ""
-            lines.append(f"{_place(k)}: {expr}={s}, write {s % 10}{carry_text}")
-            written.append(str(s % 10))
-            carry = s // 10
-    result = int("".join(reversed(written)))
+        columns.append((f"{x}+{y}", x + y))
+    result = _write_columns(columns, lines)
     if result != total:  # pragma: no cover - a bug in the procedure
         raise TeacherMismatch(f"column addition {a} + {b} gave {result}")
     lines.append(f"{a}+{b}={total}")
@@ -257,21 +266,7 @@ def _mul_digit(x: int, d: int, lines: list[str]) -> int:
         lines.append(f"{x}*{d}={product}")
         return product
     lines.append(f"{x}*{d}")
-    dx = _digits(x)
-    carry = 0
-    written: list[str] = []
-    for k, digit in enumerate(dx):
-        s = digit * d + carry
-        expr = f"{digit}*{d}" + (f"+{carry}" if carry else "")
-        if k == len(dx) - 1:
-            lines.append(f"{_place(k)}: {expr}={s}, write {s}")
-            written.append(str(s))
-        else:
-            carry_text = f" carry {s // 10}" if s >= 10 else ""
-            lines.append(f"{_place(k)}: {expr}={s}, write {s % 10}{carry_text}")
-            written.append(str(s % 10))
-            carry = s // 10
-    result = int("".join(reversed(written)))
+    result = _write_columns([(f"{digit}*{d}", digit * d) for digit in _digits(x)], lines)
     if result != product:  # pragma: no cover
         raise TeacherMismatch(f"column multiplication {x} * {d} gave {result}")
     lines.append(f"{x}*{d}={product}")
