@@ -71,6 +71,31 @@ def test_judge_only_cli_and_k_greater_than_n_refused(tmp_path, capsys):
     assert "k > n is refused" in capsys.readouterr().err
 
 
+def test_eval_extracts_only_what_the_judge_reads(tmp_path):
+    """samples.jsonl's ``extracted`` and maj@n follow the judge's own rule for the data source: a long-CoT
+    source needs the think block, so a boxed answer without one is neither extracted nor voted (the judge
+    scores it -1); the same response under a plain source is read; a code response's program likewise."""
+    no_think = "The answer is \\boxed{5}"
+    with_think = "<think>2+3</think> The answer is \\boxed{5}"
+    rows = [
+        {"problem_id": "a", "response": no_think, "ground_truth": "5", "data_source": "math_longcot_math_verify"},
+        {"problem_id": "b", "response": with_think, "ground_truth": "5", "data_source": "math_longcot_math_verify"},
+        {"problem_id": "c", "response": no_think, "ground_truth": "5", "data_source": "math_eval"},
+    ]
+    s = judge_only(_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", maj=True)
+    out = {r["problem_id"]: r for r in read_samples(tmp_path / "out" / "samples.jsonl")}
+    assert [out[p]["reward"] for p in "abc"] == [-1.0, 1.0, 1.0]
+    assert [out[p]["extracted"] for p in "abc"] == [None, "5", "5"]
+    assert s["maj_at_n"] == pytest.approx(2 / 3)  # "a" has no vote, so no majority answer
+
+    from klear.rewards import extract_answer
+
+    program = "```python\nprint(1)\n```"
+    assert extract_answer(program, "code") == "print(1)\n"
+    assert extract_answer(program, "coder1_longcot") is None  # long-CoT code: no think block, no program
+    assert extract_answer("<think>x</think>" + program, "coder1_longcot") == "print(1)\n"
+
+
 def test_judge_only_with_benchmark_lookup_and_errors(tmp_path):
     bench = _jsonl(
         tmp_path / "b.jsonl",

@@ -69,28 +69,12 @@ SAMPLE_ANSWER_FIELDS = ("ground_truth", "answer", "gold")
 
 
 # ------------------------------------------------------------------------------------ judging
-def _code_program(response: str) -> str | None:
-    """The program the code judge reads from a response (:func:`klear.rewards.code_reward.extract_code`)."""
-    from klear.rewards.code_reward import extract_code
-
-    return extract_code(response)
-
-
 def extract_answer(problem: Problem, response: str) -> str | None:
-    """What the judge reads from a response, for reports and maj@n: math -> the content of the
-    last ``\\boxed{}`` after ``</think>`` (``None`` when there is none, or the think block is
-    unclosed); code -> the last fenced code block. Never used for the verdict."""
-    if not isinstance(response, str):
-        return None
-    if problem.kind == "code":
-        return _code_program(response)
-    from klear.rewards.math_reward import answer_region, extract_last_boxed
+    """What the judge reads from a response, for reports and maj@n (never the verdict):
+    :func:`klear.rewards.extract_answer` for the problem's ``data_source``."""
+    from klear.rewards import extract_answer as judge_extract
 
-    region, _ = answer_region(response)
-    if region is None:
-        return None
-    box = extract_last_boxed(region)
-    return box.content if box.status == "ok" else None
+    return judge_extract(response, problem.data_source)
 
 
 def ensure_judges(problems: Sequence[Problem]) -> None:

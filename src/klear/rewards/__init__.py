@@ -47,6 +47,7 @@ from klear.rewards.math_reward import (
     MathScoreResult,
     configure_math_pool,
     extract_last_boxed,
+    final_answer,
     math_score,
     math_score_batch,
     math_score_batch_detailed,
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 ScoreFn = Callable[..., float]
 BatchScoreFn = Callable[..., list]
+ExtractFn = Callable[..., "str | None"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class _Scorer:
     prefix: str
     fn: ScoreFn
     batch_fn: BatchScoreFn | None
+    extract_fn: ExtractFn | None = None
 
 
 _REGISTRY: dict[str, _Scorer] = {}
@@ -77,6 +80,7 @@ def register_scorer(
     fn: ScoreFn,
     *,
     batch_fn: BatchScoreFn | None = None,
+    extract_fn: ExtractFn | None = None,
     overwrite: bool = False,
 ) -> None:
     """Route every ``data_source`` starting with *prefix* to *fn*.
@@ -89,6 +93,8 @@ def register_scorer(
             ``batch_fn(data_sources, solution_strs, ground_truths, extra_infos, *,
             max_workers=None, **kwargs) -> list[float]`` in input order. Without it
             :func:`compute_scores` calls *fn* from a thread pool.
+        extract_fn: optional ``extract_fn(solution_str, *, require_think) -> str | None``: what *fn* reads
+            from a response (the final answer, the program), for :func:`extract_answer`.
         overwrite: allow replacing an existing registration of the same prefix.
 
     Raises:
@@ -97,12 +103,12 @@ def register_scorer(
     """
     if not isinstance(prefix, str) or not prefix:
         raise ValueError("prefix must be a non-empty string")
-    if not callable(fn) or (batch_fn is not None and not callable(batch_fn)):
-        raise TypeError("fn and batch_fn must be callable")
+    if not callable(fn) or any(f is not None and not callable(f) for f in (batch_fn, extract_fn)):
+        raise TypeError("fn, batch_fn and extract_fn must be callable")
     with _REGISTRY_LOCK:
         if prefix in _REGISTRY and not overwrite:
             raise ValueError(f"a scorer is already registered for prefix {prefix!r}")
-        _REGISTRY[prefix] = _Scorer(prefix, fn, batch_fn)
+        _REGISTRY[prefix] = _Scorer(prefix, fn, batch_fn, extract_fn)
 
 
 def unregister_scorer(prefix: str) -> None:
@@ -133,6 +139,25 @@ def get_scorer(data_source: str) -> ScoreFn:
         ValueError: no registered prefix matches (the message lists the prefixes).
     """
     return _resolve(data_source).fn
+
+
+def extract_answer(response: object, data_source: str, *, require_think: bool | None = None) -> str | None:
+    """What the judge of *data_source* reads from *response*: the composed rule, the data source's think
+    rule (:func:`~klear.rewards.think_format.requires_think`) then its scorer's extraction (math: the raw
+    content of the last ``\\boxed{}``, :func:`~klear.rewards.math_reward.final_answer`; code: the program,
+    :func:`~klear.rewards.code.extract.extract_code`). For reports and maj@n; the verdict is the scorer's.
+
+    Returns:
+        The extracted text, or ``None``: the response breaks the format, has nothing to extract, is not a
+        string, or its scorer registered no ``extract_fn``.
+
+    Raises:
+        ValueError: no registered prefix matches *data_source*.
+    """
+    scorer = _resolve(data_source)
+    if scorer.extract_fn is None or not isinstance(response, str):
+        return None
+    return scorer.extract_fn(response, require_think=requires_think(data_source, require_think))
 
 
 def compute_score(
@@ -333,7 +358,9 @@ def _math_batch_entry(
     return out
 
 
-register_scorer("math", _math_entry, batch_fn=_math_batch_entry)
+register_scorer(
+    "math", _math_entry, batch_fn=_math_batch_entry, extract_fn=lambda response, **kw: final_answer(response, **kw)[0]
+)
 
 __all__ = [
     "ACCEPTABLE_ANSWERS_FIELD",
@@ -347,7 +374,9 @@ __all__ = [
     "compute_score",
     "compute_scores",
     "configure_math_pool",
+    "extract_answer",
     "extract_last_boxed",
+    "final_answer",
     "get_scorer",
     "gold_alternatives",
     "math_score",
@@ -364,7 +393,9 @@ __all__ = [
 # ------------------------------------------------------------------ code registration
 from klear.rewards import code_reward as _code_reward  # noqa: E402
 
-register_scorer("code", _code_reward.code_score, batch_fn=_code_reward.code_score_batch)
+register_scorer(
+    "code", _code_reward.code_score, batch_fn=_code_reward.code_score_batch, extract_fn=_code_reward.extract_code
+)
 __all__ += ["code_score", "code_score_batch", "code_score_detailed", "code_score_batch_detailed"]
 code_score = _code_reward.code_score
 code_score_batch = _code_reward.code_score_batch

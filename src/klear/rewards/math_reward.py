@@ -871,6 +871,28 @@ def _gold_string(ground_truth: object) -> str | None:
     return None
 
 
+def final_answer(solution_str: str, *, require_think: bool = False) -> tuple[str | None, str]:
+    """The answer the math judge reads: the raw content of the last ``\\boxed{}`` in the think format's
+    answer region (steps 1-2 of the module docstring).
+
+    Args:
+        solution_str: the decoded response.
+        require_think: the think block is mandatory (:func:`klear.rewards.think_format.requires_think`
+            decides it from the data source).
+
+    Returns:
+        ``(content, "")``, or ``(None, reason)`` with the judge's reason: ``missing_think``,
+        ``unclosed_think``, ``multiple_think``, ``no_box``, ``unclosed_box``, ``empty_box``.
+    """
+    region, reason = answer_region(solution_str, require_think=require_think)
+    if region is None:
+        return None, reason or "missing_think"
+    boxed = extract_last_boxed(region)
+    if boxed.status != "ok" or boxed.content is None:
+        return None, {"no_box": "no_box", "unclosed": "unclosed_box"}.get(boxed.status, "empty_box")
+    return boxed.content, ""
+
+
 @dataclass(frozen=True)
 class _Job:
     gold: str
@@ -889,18 +911,15 @@ def _prepare(solution_str: object, ground_truth: object, require_think: bool) ->
         return _wrong("invalid_gold")
     if not isinstance(solution_str, str):
         return _wrong("invalid_response")
-    region, reason = answer_region(solution_str, require_think=require_think)
-    if region is None:
-        return _wrong(reason or "missing_think")
-    boxed = extract_last_boxed(region)
-    if boxed.status != "ok" or boxed.content is None:
-        return _wrong({"no_box": "no_box", "unclosed": "unclosed_box"}.get(boxed.status, "empty_box"))
-    answer = _clean(boxed.content)
+    extracted, reason = final_answer(solution_str, require_think=require_think)
+    if extracted is None:
+        return _wrong(reason)
+    answer = _clean(extracted)
     if not answer:
-        return _wrong("empty_box", boxed.content)
+        return _wrong("empty_box", extracted)
     if answer == gold_clean and _PLAIN_NUMBER_RE.fullmatch(gold_clean):
-        return MathScoreResult(CORRECT_REWARD, "exact_match", boxed.content)
-    return _Job(gold_clean, answer, boxed.content)
+        return MathScoreResult(CORRECT_REWARD, "exact_match", extracted)
+    return _Job(gold_clean, answer, extracted)
 
 
 def _finish(job: _Job, outcome: TaskOutcome) -> MathScoreResult:

@@ -187,17 +187,13 @@ def _build_datasets(data: dict[str, Any], seed: int):
 
 
 def format_compliant(text: str) -> bool:
-    """True when a response closes a think block and then gives a non-empty ``\\boxed{}``.
-
-    Precisely: :func:`klear.rewards.math_reward.answer_region` with ``require_think=True`` finds the
-    text after the last ``</think>`` (no unclosed ``<think>`` after it), and that text's last box
-    (:func:`klear.rewards.math_reward.extract_last_boxed`) is closed and non-empty. Correctness is
-    not considered.
+    """True when a response closes a think block and then gives a non-empty ``\\boxed{}``: the math
+    judge's extraction (:func:`klear.rewards.math_reward.final_answer`) with the think block required.
+    Correctness is not considered.
     """
-    from klear.rewards.math_reward import answer_region, extract_last_boxed
+    from klear.rewards.math_reward import final_answer
 
-    region, _ = answer_region(text, require_think=True)
-    return region is not None and extract_last_boxed(region).status == "ok"
+    return final_answer(text, require_think=True)[0] is not None
 
 
 def _heldout_eval(
