@@ -7,17 +7,8 @@ import statistics
 
 import pytest
 
-from klear.eval.metrics import (
-    Z95,
-    default_ks,
-    majority_vote,
-    mean_pass_at_k,
-    mean_with_ci,
-    normalize_answer,
-    pass_at_k,
-    pass_at_k_exact,
-    summarize_samples,
-)
+from klear.eval.metrics import default_ks, majority_vote, normalize_answer, summarize_samples
+from klear.stats import Z95, mean_pass_at_k, mean_with_ci, pass_at_k, pass_at_k_exact
 
 
 def closed_form(n, c, k):

@@ -15,17 +15,8 @@ import numpy as np
 import pytest
 from scipy.stats import hypergeom, norm
 
-from klear.eval.metrics import (
-    CI_METHOD,
-    default_ks,
-    majority_vote,
-    mean_pass_at_k,
-    mean_with_ci,
-    normalize_answer,
-    pass_at_k,
-    pass_at_k_exact,
-    summarize_samples,
-)
+from klear.eval.metrics import default_ks, majority_vote, normalize_answer, summarize_samples
+from klear.stats import CI_METHOD, mean_pass_at_k, mean_with_ci, pass_at_k, pass_at_k_exact
 
 
 def pass_at_k_by_enumeration(n: int, c: int, k: int) -> Fraction:

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from klear.eval.heldout import evaluate, generate, paired_difference
+from klear.eval.heldout import evaluate, generate
+from klear.stats import paired_difference
 
 Z95 = 1.959963984540054  # Phi^-1(0.975)
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from klear.experiment.report import METRICS, mean_ci, metric_series, paired_metric_difference, summarize
+from klear.experiment.report import METRICS, metric_series, paired_metric_difference, summarize
+from klear.stats import mean_ci
 
 T_975_DF1 = 12.706204736174707  # Student t quantile 0.975, 1 degree of freedom (tables)
 T_975_DF2 = 4.302652729749464  # ... 2 degrees of freedom (tables)

@@ -49,12 +49,12 @@ UNITS: dict[str, list[str]] = {
         "klear.rl.trainer.xǁGPPOTrainerǁ_loss_mask__mutmut_*",
     ],
     "eval/metrics.py": ["klear.eval.metrics.*"],
+    "stats.py": ["klear.stats.*"],
     # the statistics only: left out are the PNG plots (_plot_curves, _plot_metrics), the text of report.md
     # (format_report, _fmt, _shown_path) and the file writing (write_report)
     "experiment/report.py (statistics)": [
         f"klear.experiment.report.x_{name}__mutmut_*"
         for name in (
-            "mean_ci",
             "_jsonl",
             "metric_series",
             "_read_run",

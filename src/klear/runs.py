@@ -1292,7 +1292,7 @@ def cap_eval_batch_size(eval_cfg: dict[str, Any], setup: RunSetup, *, tokens: in
 
 
 def format_paired(name: str, r: dict[str, Any]) -> str:
-    """One line of a :func:`klear.eval.heldout.paired_difference` result: before -> after, 95% CI, McNemar p."""
+    """One line of a :func:`klear.stats.paired_difference` result: before -> after, 95% CI, McNemar p."""
     return (
         f"held-out {name} (n={r['n']}): before {r['before']:.3f} -> after {r['after']:.3f}; paired difference "
         f"{r['mean_diff']:+.3f}, 95% CI [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]; improved {r['n_improved']}, "

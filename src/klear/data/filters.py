@@ -29,7 +29,7 @@ or ``sample_id_field``; ``@text`` = the normalised prompt text, as for the data 
   ``reward_model.ground_truth``, or else those of the data row with the same id.
 
 A sample counts as correct when its verdict is true or its score is ``>= correct_score``.
-n = samples of the problem, c = correct ones; pass@k is :func:`klear.eval.metrics.pass_at_k`
+n = samples of the problem, c = correct ones; pass@k is :func:`klear.stats.pass_at_k`
 (Chen et al.'s unbiased estimator). With n == k == 16 pass@16 is 1 as soon as one sample
 passes, so ``threshold=0.5`` then means "at least one of 16 passes"; ``k=1`` gives the plain pass
 rate c/n. Rows whose problem has no sample are dropped (reason ``no_samples``) unless
@@ -516,7 +516,7 @@ def filter_pass_at_k(
     Raises:
         ValueError: bad parameters or a malformed row or sample (file/row/field named).
     """
-    from klear.eval.metrics import pass_at_k
+    from klear.stats import pass_at_k
 
     started = time.perf_counter()
     _num("k", k, 1, integer=True)

@@ -1,10 +1,10 @@
-"""Held-out evaluation: greedy generation, scoring, and a paired before/after comparison.
+"""Held-out evaluation: greedy generation and scoring, compared before/after with :mod:`klear.stats`.
 
 Typical use (before and after RL, on the SAME held-out problems)::
 
     before = evaluate(base_model, tok, heldout, max_new_tokens=128)
     after = evaluate(rl_model, tok, heldout, max_new_tokens=128)
-    stats = paired_difference(before["correct"], after["correct"])
+    stats = klear.stats.paired_difference(before["correct"], after["correct"])
 
 ``evaluate`` scores with ``klear.rewards.compute_scores`` unless a ``scorer`` is given. A
 problem counts as correct when its reward equals the "correct" score, 1.0 (paper Sec. 3.2.4:
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -671,78 +670,3 @@ def _complete_on_engine(
                 completions[i * k : (i + 1) * k] = part[pos * k : (pos + 1) * k]
     shares = [[i * k + j for i in range(p, len(rows), num_processes) for j in range(k)] for p in range(num_processes)]
     return completions, shares
-
-
-def _mcnemar_exact(n_improved: int, n_worsened: int) -> float:
-    """Exact two-sided McNemar p-value: binomial test of the discordant pairs against p = 1/2.
-
-    p = min(1, 2 * P(X <= min(b, c))) with X ~ Binomial(b + c, 1/2); 1.0 when there are no
-    discordant pairs.
-    """
-    m = n_improved + n_worsened
-    if m == 0:
-        return 1.0
-    k = min(n_improved, n_worsened)
-    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2**m
-    return min(1.0, 2.0 * tail)
-
-
-def paired_difference(before_correct: Sequence, after_correct: Sequence, confidence: float = 0.95) -> dict:
-    """Paired comparison of per-problem correctness before and after training.
-
-    With d_i = after_i - before_i over the SAME n problems (values are cast to float, so
-    booleans or 0/1 work):
-
-    * ``mean_diff`` = mean(d) = after accuracy - before accuracy;
-    * CI = mean_diff +/- z * sd(d) / sqrt(n), with sd the SAMPLE std (ddof = 1) and
-      z = NormalDist().inv_cdf((1 + confidence) / 2). This is the normal approximation; it
-      is reasonable for n >= 30 and optimistic for smaller n. If all d_i are equal, sd = 0
-      and the interval collapses to the single point mean_diff;
-    * ``mcnemar_p``: exact two-sided McNemar test, i.e. a binomial test (p = 1/2) on the
-      discordant pairs b = #improved (0 -> 1) and c = #worsened (1 -> 0) (for per-problem
-      fractions such as avg@n, the same formula is the two-sided sign test over the problems
-      whose value changed):
-      p = min(1, 2 * sum_{i <= min(b, c)} C(b + c, i) / 2^(b + c)); 1.0 if b + c = 0.
-
-    Args:
-        before_correct: per-problem correctness (bool / 0-1) before training.
-        after_correct: the same problems, in the same order, after training.
-        confidence: two-sided confidence level of the interval, in (0, 1).
-
-    Returns:
-        ``{"n", "before", "after", "mean_diff", "ci_low", "ci_high", "n_improved",
-        "n_worsened", "mcnemar_p"}`` where ``before``/``after`` are the two accuracies.
-        ``n_improved``/``n_worsened`` count d_i > 0 and d_i < 0.
-
-    Raises:
-        ValueError: the sequences differ in length, n < 2, or confidence is not in (0, 1).
-    """
-    before = [float(x) for x in before_correct]
-    after = [float(x) for x in after_correct]
-    if len(before) != len(after):
-        raise ValueError(
-            f"paired_difference needs the same problems before and after: got {len(before)} and {len(after)} values"
-        )
-    n = len(before)
-    if n < 2:
-        raise ValueError(f"paired_difference needs at least 2 problems, got {n}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    d = [a - b for a, b in zip(after, before)]
-    mean_d = sum(d) / n
-    sd = statistics.stdev(d) if len(set(d)) > 1 else 0.0
-    z = statistics.NormalDist().inv_cdf((1.0 + confidence) / 2.0)
-    half = z * sd / math.sqrt(n)
-    n_improved = sum(1 for x in d if x > 0)
-    n_worsened = sum(1 for x in d if x < 0)
-    return {
-        "n": n,
-        "before": sum(before) / n,
-        "after": sum(after) / n,
-        "mean_diff": mean_d,
-        "ci_low": mean_d - half,
-        "ci_high": mean_d + half,
-        "n_improved": n_improved,
-        "n_worsened": n_worsened,
-        "mcnemar_p": _mcnemar_exact(n_improved, n_worsened),
-    }

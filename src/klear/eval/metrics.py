@@ -7,139 +7,16 @@ counts are never pooled across problems, k > n is refused, and nothing is resamp
 
 from __future__ import annotations
 
-import math
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-
-def _check_counts(n: int, c: int, k: int) -> None:
-    for name, v in (("n", n), ("c", c), ("k", k)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"pass_at_k: {name} must be an int, got {v!r}")
-    if n < 1:
-        raise ValueError(f"pass_at_k: n must be >= 1, got n={n}")
-    if k < 1:
-        raise ValueError(f"pass_at_k: k must be >= 1, got k={k}")
-    if k > n:
-        raise ValueError(
-            f"pass_at_k: k={k} > n={n}; pass@k needs at least k samples per problem "
-            "(draw more samples or ask for a smaller k)"
-        )
-    if c < 0 or c > n:
-        raise ValueError(f"pass_at_k: c={c} correct samples is outside [0, n={n}]")
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for one problem: ``1 - C(n-c, k) / C(n, k)``.
-
-    Chen et al. 2021 ("Evaluating Large Language Models Trained on Code"), Eq. 1, computed
-    with their numerically stable product ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``. Average the
-    per-problem values to get a benchmark's pass@k; never pool counts across problems.
-
-    Args:
-        n: samples drawn for the problem (int, >= 1).
-        c: how many of them are correct (int, 0 <= c <= n).
-        k: the k of pass@k (int, 1 <= k <= n).
-
-    Returns:
-        A float in [0, 1]: the probability that at least one of k samples drawn without
-        replacement from the n is correct. ``0.0`` when ``c == 0``; ``1.0`` when
-        ``n - c < k``.
-
-    Raises:
-        ValueError: ``k > n``, ``c`` outside ``[0, n]``, ``n < 1``, ``k < 1`` or non-int input.
-    """
-    _check_counts(n, c, k)
-    if n - c < k:
-        return 1.0
-    prod = 1.0
-    for i in range(n - c + 1, n + 1):
-        prod *= 1.0 - k / i
-    return 1.0 - prod
-
-
-def pass_at_k_exact(n: int, c: int, k: int) -> float:
-    """:func:`pass_at_k` by the closed form with exact integer binomials (slow for large n).
-
-    Same arguments, result and errors as :func:`pass_at_k`.
-    """
-    _check_counts(n, c, k)
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
+from klear.stats import CI_METHOD, mean_pass_at_k, mean_with_ci
 
 # ---------------------------------------------------------------------------------------------
 # Benchmark-level metrics. Every function below takes PER-PROBLEM data; nothing pools sample
 # counts across problems and nothing resamples (pass@k is the exact unbiased estimator above,
 # never a "best of k" drawn with replacement).
-
-#: Two-sided 95% normal quantile, Phi^-1(0.975).
-Z95 = 1.959963984540054
-
-CI_METHOD = (
-    "normal approximation over problems: mean of the per-problem accuracies +/- 1.96 * "
-    "sample std (ddof=1) of the per-problem accuracies / sqrt(#problems), clipped to [0, 1]; "
-    "null with fewer than 2 problems"
-)
-
-
-def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int, ids: Sequence[str] | None = None) -> float:
-    """Benchmark pass@k: :func:`pass_at_k` for EACH problem, then the plain mean over problems.
-
-    Args:
-        counts: one ``(n, c)`` pair per problem: samples drawn and how many were correct.
-        k: the k of pass@k; every problem must have ``n >= k``.
-        ids: optional problem ids, only used to name the offending problem in errors.
-
-    Returns:
-        The mean over problems of the per-problem unbiased estimate, in [0, 1].
-
-    Raises:
-        ValueError: no problems, or any problem with ``k > n`` or ``c`` outside ``[0, n]``
-            (the message names the problem). Never guesses a value for k > n.
-    """
-    if not counts:
-        raise ValueError("pass@k over zero problems is undefined")
-    total = 0.0
-    for i, (n, c) in enumerate(counts):
-        try:
-            total += pass_at_k(n, c, k)
-        except ValueError as e:
-            name = ids[i] if ids is not None else f"#{i}"
-            raise ValueError(f"problem {name}: {e}") from None
-    return total / len(counts)
-
-
-def mean_with_ci(values: Sequence[float], confidence: float = 0.95) -> dict:
-    """Mean of per-problem values with a normal-approximation confidence interval.
-
-    ``half = z * stdev(values) / sqrt(len(values))`` with the sample standard deviation
-    (ddof = 1) and ``z = NormalDist().inv_cdf((1 + confidence) / 2)``; the interval is clipped
-    to [0, 1] (accuracies). With one value the interval is ``None``; with identical values it
-    collapses to the mean.
-
-    Returns:
-        ``{"mean", "ci_low", "ci_high", "confidence", "n_problems"}``.
-
-    Raises:
-        ValueError: empty input or confidence outside (0, 1).
-    """
-    vals = [float(v) for v in values]
-    if not vals:
-        raise ValueError("mean over zero problems is undefined")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    m = len(vals)
-    mean = sum(vals) / m
-    if m < 2:
-        lo = hi = None
-    else:
-        sd = statistics.stdev(vals)  # exact arithmetic: 0.0 for identical values
-        z = statistics.NormalDist().inv_cdf((1.0 + confidence) / 2.0)
-        half = z * sd / math.sqrt(m)
-        lo, hi = max(0.0, mean - half), min(1.0, mean + half)
-    return {"mean": mean, "ci_low": lo, "ci_high": hi, "confidence": confidence, "n_problems": m}
 
 
 def normalize_answer(answer: str | None) -> str | None:

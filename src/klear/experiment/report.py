@@ -8,7 +8,7 @@ Per arm, over its seeds (each number below is first computed per run, then aggre
   evaluation time excluded);
 * final held-out accuracy (``eval_after.json``) and, for every arm but the reference, a paired test on the
   same problems: each problem's correctness averaged over the seeds both arms ran, then
-  :func:`klear.eval.heldout.paired_difference` (reference as "before", the arm as "after": mean difference,
+  :func:`klear.stats.paired_difference` (reference as "before", the arm as "after": mean difference,
   normal-approximation 95% CI over problems, sign/McNemar p);
 * training metrics from ``metrics.jsonl``, each run's mean over the steps that log it (rollout metrics are
   logged on the first step of a rollout batch), then mean and 95% interval across seeds: :data:`METRICS`.
@@ -30,6 +30,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from klear.stats import mean_ci, paired_difference
+
 #: (name in the report, metrics.jsonl keys: klear's first, then TRL's)
 METRICS: list[tuple[str, tuple[str, ...]]] = [
     ("reward", ("reward",)),
@@ -41,25 +43,6 @@ METRICS: list[tuple[str, tuple[str, ...]]] = [
     ("completion_length", ("completions/mean_length",)),
     ("zero_adv_frac", ("klear/zero_adv_group_frac", "frac_reward_zero_std")),
 ]
-
-
-def mean_ci(values: list[float], confidence: float = 0.95) -> dict[str, Any]:
-    """Mean and Student-t interval of independent values (one per seed).
-
-    Returns:
-        ``{"n", "mean", "low", "high"}``: ``mean +/- t_{(1+confidence)/2, n-1} * sd / sqrt(n)`` with the sample
-        sd (ddof 1); ``low``/``high`` are ``None`` for fewer than 2 values; ``mean`` is ``None`` for none.
-    """
-    from scipy.stats import t
-
-    n = len(values)
-    if n == 0:
-        return {"n": 0, "mean": None, "low": None, "high": None}
-    mean = sum(values) / n
-    if n < 2:
-        return {"n": 1, "mean": mean, "low": None, "high": None}
-    half = float(t.ppf((1 + confidence) / 2, n - 1)) * statistics.stdev(values) / math.sqrt(n)
-    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -120,7 +103,6 @@ def summarize(exp, run_dirs: dict[str, Path], seeds: list[int]) -> dict[str, Any
     Raises:
         ValueError: a run without ``eval_after.json``, or runs evaluated on different held-out problems.
     """
-    from klear.eval.heldout import paired_difference
 
     data = {arm: {seed: _read_run(run_dirs[f"{arm}/seed{seed}"]) for seed in seeds} for arm in exp.arms}
     ids = {

@@ -227,7 +227,6 @@ def run_rl(
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from klear.eval.heldout import paired_difference
     from klear.integrations.vllm import ColocatedEval, build_trainer, rollout_engine_settings
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.rl.periodic_eval import HeldoutCurveCallback
@@ -244,6 +243,7 @@ def run_rl(
         prepare_run,
         start_run,
     )
+    from klear.stats import paired_difference
     from klear.utils.plotting import RL_PANELS
 
     # GPPO, or plain TRL GRPO as the experiments' peer arm (both are GRPOConfig / GRPOTrainer subclasses)

@@ -31,7 +31,7 @@ Recipe sections: ``model`` (a path, a hub id, or ``embedded``), ``output_dir``, 
 * ``filter`` (``none`` | ``correct`` | ``by_difficulty``) and ``easy_pass_rate``: correctness
   filtering of file data, see :func:`klear.sft.data.filter_sft_dataset`.
 
-Held-out metrics, each compared before/after with :func:`klear.eval.heldout.paired_difference`:
+Held-out metrics, each compared before/after with :func:`klear.stats.paired_difference`:
 ``accuracy`` (reward 1.0 from the held-out ``data_source``'s scorer) and ``format`` (the response
 closes a think block, ``</think>``, and puts a non-empty ``\\boxed{}`` after it).
 """
@@ -241,7 +241,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
 
     Returns:
         ``{"model", "steps", "train_examples", "filter"?, "accuracy"?, "format"?}``; the last two are
-        :func:`klear.eval.heldout.paired_difference` results (when a held-out set is evaluated).
+        :func:`klear.stats.paired_difference` results (when a held-out set is evaluated).
 
     Raises:
         ValueError: an invalid recipe (see :func:`validate_sft_config`) or dataset.
@@ -251,7 +251,6 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     import torch
     from transformers import AutoTokenizer
 
-    from klear.eval.heldout import paired_difference
     from klear.rl.callbacks import MetricsJsonlCallback
     from klear.runs import (
         cap_eval_batch_size,
@@ -264,6 +263,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         start_run,
     )
     from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
+    from klear.stats import paired_difference
     from klear.utils.plotting import SFT_PANELS
 
     setup = prepare_run(
