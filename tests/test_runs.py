@@ -152,7 +152,7 @@ def test_only_the_main_process_writes_run_files_and_every_process_evaluates(tmp_
         ({"temperature": -0.5}, "eval.temperature=-0.5 must be a number >= 0"),
         ({"batch_size": 0}, "eval.batch_size=0 must be an integer >= 1"),
         ({"enabled": "yes"}, "eval.enabled='yes' must be true or false"),
-        ({"top_k": 5}, r"unknown key\(s\) \['top_k'\] in 'eval'"),
+        ({"top_k": 5}, r"unknown key\(s\) 'top_k' in 'eval'"),
     ],
 )
 def test_both_jobs_check_the_eval_section_with_the_shared_rule(stage, section, message):

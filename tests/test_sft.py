@@ -590,7 +590,7 @@ def test_cli_errors_name_the_key(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "klear sft: error:" in err and "'learnig_rate' (did you mean 'learning_rate'?)" in err
     assert main(["sft", f"output_dir={tmp_path}", "data.trian=x.jsonl"]) == 2
-    assert "unknown key(s) ['trian'] in 'data'" in capsys.readouterr().err
+    assert "unknown key(s) 'trian' (did you mean 'train'?) in 'data'" in capsys.readouterr().err
     assert main(["sft", f"output_dir={tmp_path}", "data.train=nope.jsonl", "data.heldout=none"]) == 2
     assert "nope.jsonl: no such file" in capsys.readouterr().err
     assert main(["sft", f"output_dir={tmp_path}", "--resume"]) == 2

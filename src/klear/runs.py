@@ -86,12 +86,17 @@ AUTO_FIELDS = ("bf16", "gradient_checkpointing")
 
 
 def check_section_keys(section: Any, allowed: set[str], where: str, source: str) -> None:
-    """Raise ``ValueError`` naming ``source`` and ``where`` if ``section`` is not a mapping or has unknown keys."""
+    """Raise ``ValueError`` naming ``source`` and ``where`` if ``section`` is not a mapping or has unknown keys
+    (each with a "did you mean" when a close allowed key exists)."""
     if not isinstance(section, dict):
         raise ValueError(f"{source}: {where} must be a mapping, got {type(section).__name__}")
-    unknown = sorted(set(section) - allowed)
+    unknown = sorted(set(section) - allowed, key=str)
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown} in {where}; allowed: {sorted(allowed)}")
+        names = ", ".join(
+            f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(str(k), allowed, n=1)) else repr(k)
+            for k in unknown
+        )
+        raise ValueError(f"{source}: unknown key(s) {names} in {where}; allowed: {sorted(allowed)}")
 
 
 def check_int(source: str, where: str, value: Any, minimum: int, *, allow_none: bool = False) -> None:

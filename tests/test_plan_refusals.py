@@ -1,0 +1,62 @@
+"""The recipe settings issue 23 named, refused at plan time on the shipped ``rl_demo`` recipe: by
+``klear experiment`` before any arm runs, and by ``klear rl`` before any model or tokenizer loads."""
+
+import pytest
+import yaml
+
+from klear.cli import main
+
+BAD = [
+    ("trainer.loss_mode", "gppo_typo", "trainer: unknown loss_mode 'gppo_typo'"),
+    ("trainer.clip_ratio_low", 1.0, "trainer: clip_ratio_low must be < 1.0, got 1.0"),
+    ("trainer.alpha", -0.1, "trainer: alpha must be >= 0.0, got -0.1"),
+    ("trainer.alhpa", 0.1, "'alhpa' (did you mean 'alpha'?)"),
+    ("data.train_sise", 8, "'train_sise' (did you mean 'train_size'?)"),
+]
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model or tokenizer was loaded")
+
+    for cls in (transformers.AutoConfig, transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
+
+
+def _error(capsys, command):
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"klear {command}: error:")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("key, value, message", BAD, ids=[b[0] for b in BAD])
+def test_klear_experiment_refuses_a_bad_arm_before_any_arm_runs(
+    tmp_path, capsys, monkeypatch, no_model, key, value, message
+):
+    monkeypatch.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("a run started"))
+    spec = {
+        "name": "bad_arm",
+        "description": "the second arm has a bad setting",
+        "base": "rl_demo",
+        "reference": "gppo",
+        "seeds": [0, 1],
+        "output_dir": str(tmp_path / "exp"),
+        "arms": {"gppo": {}, "bad": {key: value}},
+    }
+    path = tmp_path / "bad_arm.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["experiment", "--config", str(path)]) == 2
+    err = _error(capsys, "experiment")
+    assert "arm bad, seed 0" in err and message in err, err
+    assert not (tmp_path / "exp").exists()
+
+
+@pytest.mark.parametrize("key, value, message", BAD, ids=[b[0] for b in BAD])
+def test_klear_rl_refuses_a_bad_setting_before_any_model_loads(tmp_path, capsys, no_model, key, value, message):
+    out = tmp_path / "run"
+    assert main(["rl", "--config", "rl_demo", f"output_dir={out}", f"{key}={value}"]) == 2
+    assert message in _error(capsys, "rl")
+    assert not out.exists()
