@@ -5,7 +5,7 @@ arithmetic prompts of ``configs/rl_demo.yaml`` x 8 samples per rollout batch, 32
 2 optimizer steps per rollout batch (``steps_per_generation=2``), float32 on CPU.
 
 1. **Generation**: TRL's ``_generate`` (transformers ``generate``, one prefill per row) vs klear's (the same
-   ``generate`` after one prefill per prompt group, :mod:`klear.rl.prefill`), same prompts, same seed.
+   ``generate`` after one prefill per prompt group, :mod:`klear.generation.prefill`), same prompts, same seed.
 2. **Training step on one fixed rollout**: one rollout is sampled once and replayed to every trainer
    (``_generate`` returns the recorded prompt and completion ids), so every trainer scores, normalises and
    trains on identical tokens. A "step" is TRL's own ``step_time`` metric (per optimizer step; the first

@@ -6,11 +6,11 @@ reasoning-gym prompts x 8 samples = 128 samples per rollout batch, temperature 0
 ``min_new_tokens``, vLLM ``ignore_eos``), so both sides generate the same number of tokens.
 
 * **HF**: what ``GPPOTrainer`` runs without vLLM: one ``generate`` call on all 128 rows (as TRL makes it),
-  each prompt prefilled once per group of 8 (:func:`klear.rl.prefill.grouped_prefill_generate`), torch's
+  each prompt prefilled once per group of 8 (:func:`klear.generation.prefill.grouped_prefill_generate`), torch's
   default thread count.
 * **vLLM**: the engine TRL's colocate mode builds (in this process, ``external_launcher``, ``max_num_seqs``
   128, ``max_num_batched_tokens`` 4096, processed log-probs) with klear's CPU settings
-  (:func:`klear.integrations.vllm.colocated_engine`: float32, eager, torch threads kept), one
+  (:func:`klear.generation.vllm.colocated_engine`: float32, eager, torch threads kept), one
   ``SamplingParams(n=1)`` request per row as TRL sends them.
 
 The two run in turns (``--repeats`` rounds) so drift in the machine's load hits both alike; medians are
@@ -55,7 +55,7 @@ def build_engine(model_path: str, memory: float, max_len: int, max_num_seqs: int
     """A ``vllm.LLM`` with TRL 1.16's colocate arguments plus klear's CPU ones."""
     import trl.generation.vllm_generation as trl_vllm
 
-    from klear.integrations.vllm import colocated_engine
+    from klear.generation.vllm import colocated_engine
 
     _in_process_env()
     with colocated_engine("float32"):  # TRL's LLM gets klear's CPU arguments inside the block
@@ -75,7 +75,7 @@ def hf_generate(model, tok, prompt_ids: list[list[int]], group: int, tokens: int
     """One ``generate`` call on all rows (left-padded), prefilled once per group; returns the tokens generated."""
     from transformers import GenerationConfig
 
-    from klear.rl.prefill import grouped_prefill_generate
+    from klear.generation.prefill import grouped_prefill_generate
 
     rows = [ids for ids in prompt_ids for _ in range(group)]
     width = max(map(len, rows))
@@ -111,7 +111,7 @@ def demo_trainer(kind: str, model_path: str, dataset, tok, out: str, steps: int,
     from transformers import PrinterCallback
 
     from klear.config import load_config
-    from klear.integrations.vllm import colocated_engine, install_weight_sync
+    from klear.generation.vllm import colocated_engine, install_weight_sync
     from klear.rl.trainer import GPPOConfig, GPPOTrainer
 
     demo, _ = load_config("rl_demo")
@@ -158,7 +158,7 @@ def main() -> None:
 
     from klear.config import load_config
     from klear.data.rl_data import make_reasoning_gym_dataset
-    from klear.integrations.vllm import cpu_engine_memory_utilization, parameter_count
+    from klear.generation.vllm import cpu_engine_memory_utilization, parameter_count
     from klear.models.embedded import resolve_model_path
 
     lengths = [int(x) for x in args.tokens.split(",") if x]

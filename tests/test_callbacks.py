@@ -6,7 +6,7 @@ import json
 
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from klear.rl.callbacks import MetricsJsonlCallback
+from klear.callbacks import MetricsJsonlCallback
 
 
 def _summary(step):  # what transformers' Trainer logs at the end of train()

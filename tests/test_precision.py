@@ -414,7 +414,7 @@ def test_gpu_vllm_rollouts_without_vllm_fail_in_one_line_before_any_model_loads(
 
     from klear.cli import main
 
-    monkeypatch.setattr("klear.integrations.vllm.vllm_distribution", lambda: dist)
+    monkeypatch.setattr("klear.generation.vllm.vllm_distribution", lambda: dist)
     monkeypatch.setattr(
         transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("a model was loaded")
     )

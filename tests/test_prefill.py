@@ -1,4 +1,4 @@
-"""Rollout generation with one prefill per prompt group (klear.rl.prefill) against plain ``generate``."""
+"""Rollout generation with one prefill per prompt group (klear.generation.prefill) against plain ``generate``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from klear.rl.prefill import grouped_prefill_generate
+from klear.generation.prefill import grouped_prefill_generate
 
 
 def _batch(tok, group_size):

@@ -196,7 +196,7 @@ def test_the_trainer_s_grouped_prefill_is_decided_by_all_processes(tmp_path, mon
     """Issue 22 (low): with 2 processes, the trainer hands grouped_prefill_generate an agreement that takes the
     other process's flag into account with one all-reduce: this process's groups are prefilled only when the
     other's are too (under ZeRO-3/FSDP a prefill forward on one process alone would hang the other)."""
-    import klear.rl.prefill as prefill
+    import klear.generation.prefill as prefill
 
     ranks = _TwoRanks(other=other_can_group)
     trainer = _bare_trainer(_args(tmp_path), ranks)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.vllm
 from datasets import Dataset  # noqa: E402
 from transformers import AutoConfig, AutoTokenizer  # noqa: E402
 
-from klear.integrations.vllm import (  # noqa: E402
+from klear.generation.vllm import (  # noqa: E402
     colocated_engine,
     engine_runner,
     install_weight_sync,
@@ -252,7 +252,7 @@ def test_klear_rl_cli_with_vllm_rollouts(tmp_path, embedded_path, monkeypatch, c
     import yaml
     from transformers import AutoModelForCausalLM
 
-    import klear.integrations.vllm as kv
+    import klear.generation.vllm as kv
     import klear.rl.reward_fn
     from klear.eval.heldout import evaluate
 

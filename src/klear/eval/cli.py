@@ -254,7 +254,7 @@ def handler(ns: argparse.Namespace) -> int:
     )
     backend: HFBackend | VLLMBackend
     if backend_name == "vllm":
-        from klear.integrations.vllm import CPU_DEFAULT_MAX_NUM_SEQS
+        from klear.generation.vllm import CPU_DEFAULT_MAX_NUM_SEQS
 
         if ns.gpu_memory_utilization is not None and not 0 < ns.gpu_memory_utilization < 1:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1), got {ns.gpu_memory_utilization}")

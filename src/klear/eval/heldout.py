@@ -222,7 +222,7 @@ def generate(
         temperature: sampling temperature (used only when ``do_sample``).
         top_p: nucleus sampling threshold (used only when ``do_sample``).
         group_size: sampling only: ``prompts`` holds each prompt ``group_size`` times in a row; each
-            group's prompt is prefilled once (:func:`klear.rl.prefill.grouped_prefill_generate`). Keep
+            group's prompt is prefilled once (:func:`klear.generation.prefill.grouped_prefill_generate`). Keep
             ``batch_size`` a multiple of it.
         show_progress: show a tqdm progress bar over batches.
 
@@ -259,7 +259,7 @@ def generate(
 
     import copy
 
-    from klear.rl.prefill import grouped_prefill_generate
+    from klear.generation.prefill import grouped_prefill_generate
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     config = copy.deepcopy(model.generation_config)
@@ -452,7 +452,7 @@ def evaluate(
         process_index, num_processes: this process and the number of processes sharing the evaluation.
         gather: with ``num_processes > 1``, ``fn(list) -> list`` concatenating every process's list
             (``accelerate.utils.gather_object``).
-        backend: generate with this instead of ``model`` (:class:`klear.integrations.vllm.ColocatedEval`):
+        backend: generate with this instead of ``model`` (:class:`klear.eval.backends.ColocatedEval`):
             ``backend.complete(prompts, prompt_ids, n_samples=, temperature=, seed=, max_new_tokens=)`` returns
             the problem-major completions (``batch_size`` unused). Every process calls it once (its weight sync
             is a collective); each group of ``backend.group_size`` processes (one tensor-parallel engine) gets

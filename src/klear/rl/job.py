@@ -57,7 +57,7 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     Raises:
         ValueError: an unknown key (named with its section and the file), a missing required key,
             a trainer field that :class:`GPPOConfig` rejects, or ``use_vllm`` that cannot run on this
-            machine (:func:`klear.integrations.vllm.cpu_rollout_settings`).
+            machine (:func:`klear.generation.vllm.cpu_rollout_settings`).
     """
     from klear.runs import check_context_holds, check_eval_section, check_int, check_trainer_section, trainer_arguments
     from klear.runs import check_section_keys as _check_keys
@@ -227,8 +227,9 @@ def run_rl(
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from klear.integrations.vllm import ColocatedEval, build_trainer, rollout_engine_settings
-    from klear.rl.callbacks import MetricsJsonlCallback
+    from klear.callbacks import MetricsJsonlCallback
+    from klear.eval.backends import ColocatedEval
+    from klear.generation.vllm import build_trainer, rollout_engine_settings
     from klear.rl.periodic_eval import HeldoutCurveCallback
     from klear.rl.reward_fn import make_klear_reward
     from klear.rl.trainer import GPPOTrainer

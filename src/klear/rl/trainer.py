@@ -18,7 +18,7 @@ accumulation, checkpointing and logging. This module overrides these ``GRPOTrain
   that produced ``old_log_prob``); the loss is :func:`klear.rl.losses.total_loss`
   (Eq. 14: ``L = L_pg + alpha * L_LM``) of the configured loss mode.
 * ``_generate_single_turn``: on the transformers path, each prompt is prefilled once per group
-  (:func:`klear.rl.prefill.grouped_prefill_generate`); the samples are unchanged.
+  (:func:`klear.generation.prefill.grouped_prefill_generate`); the samples are unchanged.
 * ``_generate`` and ``training_step``: timers only (``timing/<phase>_s``), which change nothing (on CUDA they
   synchronise the device at each phase boundary, :func:`phase_clock`).
 
@@ -565,7 +565,7 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation, with each prompt prefilled once per group on the transformers path
-        (:func:`klear.rl.prefill.grouped_prefill_generate`); vLLM, continuous batching and multimodal inputs are
+        (:func:`klear.generation.prefill.grouped_prefill_generate`); vLLM, continuous batching and multimodal inputs are
         TRL's unchanged."""
         args = (prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         if (
@@ -578,7 +578,7 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             return super()._generate_single_turn(*args)
         import functools
 
-        from klear.rl.prefill import grouped_prefill_generate
+        from klear.generation.prefill import grouped_prefill_generate
 
         model = self.accelerator.unwrap_model(self.model_wrapped)
         model.generate = functools.partial(
@@ -594,11 +594,11 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             del model.generate  # the class's generate again
 
     def _prefill_agreement(self):
-        """With several processes, the all-processes decision of :func:`klear.rl.prefill.grouped_prefill_generate`:
-        a function taking this process's "can group" and returning whether every process can (one all-reduce of a
-        0/1 flag and one host sync per rollout batch). Under sharded parameters (ZeRO-3, FSDP) each forward is a
-        collective, so a grouped prefill on some processes only would hang the others; the flag costs next to
-        nothing, so it is agreed whatever the sharding. None with one process."""
+        """With several processes, the decision of :func:`klear.generation.prefill.grouped_prefill_generate`:
+        a function taking this process's "can group" and returning whether every process can (one all-reduce of a 0/1
+        flag and one host sync per rollout batch). Under sharded parameters (ZeRO-3, FSDP) each forward is a collective,
+        so a grouped prefill on some processes only would hang the others; the flag costs next to nothing, so it is
+        agreed whatever the sharding. None with one process."""
         accelerator = self.accelerator
         if accelerator.num_processes < 2:
             return None

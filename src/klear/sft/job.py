@@ -251,7 +251,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     import torch
     from transformers import AutoTokenizer
 
-    from klear.rl.callbacks import MetricsJsonlCallback
+    from klear.callbacks import MetricsJsonlCallback
     from klear.runs import (
         cap_eval_batch_size,
         check_prompt_context,

