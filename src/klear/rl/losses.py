@@ -145,6 +145,7 @@ __all__ = [
     "LossSettings",
     "TokenLoss",
     "TokenTerms",
+    "add_sft_term",
     "aggregate",
     "compute_policy_loss",
     "entropy_ratio",
@@ -847,35 +848,35 @@ def policy_loss(
         batch's unmasked tokens:
 
         * ``clip_frac_high``: fraction of tokens where the high-side clipped branch is
-          taken: ``A > 0 and r > 1+eps_high``.  For ``cispo``: tokens whose ratio weight
-          was clipped from above (``r > 1+eps_high``, any sign of A), dual-capped tokens
-          excluded.
+            taken: ``A > 0 and r > 1+eps_high``.  For ``cispo``: tokens whose ratio weight
+            was clipped from above (``r > 1+eps_high``, any sign of A), dual-capped tokens
+            excluded.
         * ``clip_frac_low``: ``A < 0 and r < 1-eps_low`` (``cispo``: ``r < 1-eps_low``,
-          any sign of A).
+            any sign of A).
         * ``clip_frac``: ``clip_frac_high + clip_frac_low``.
         * ``dual_clip_frac``: ``A < 0 and r > c`` (0 when dual clip is off).  The four
-          categories unclipped / high / low / dual are disjoint.
+            categories unclipped / high / low / dual are disjoint.
         * ``ppo_kl``: approximate KL, mean of ``old_log_prob - log_prob``.
         * ``ratio_mean``, ``ratio_max``, ``ratio_min``: of ``r`` (after the log-ratio
-          clamp); 1.0 when there is no unmasked token.
+            clamp); 1.0 when there is no unmasked token.
 
         With ``entropies`` (any mode; nats; 0 when there is no unmasked token):
 
         * ``entropy_mean``: mean ``H`` of the unmasked tokens.
         * ``entropy_share_clip_high`` / ``entropy_share_clip_low``: sum of ``H`` over the tokens
-          counted in ``clip_frac_high`` / ``clip_frac_low``, divided by the number of unmasked
-          tokens: each clip category's share of ``entropy_mean``.  Divided by ``clip_frac_high`` /
-          ``clip_frac_low`` it is that category's mean entropy (CE-GPPO's view).  A share, not a
-          mean, so that it averages over micro-batches and processes as the fractions do, even
-          where a micro-batch has no clipped token.
+            counted in ``clip_frac_high`` / ``clip_frac_low``, divided by the number of unmasked
+            tokens: each clip category's share of ``entropy_mean``.  Divided by ``clip_frac_high`` /
+            ``clip_frac_low`` it is that category's mean entropy (CE-GPPO's view).  A share, not a
+            mean, so that it averages over micro-batches and processes as the fractions do, even
+            where a micro-batch has no clipped token.
 
         ERC modes only (over the unmasked tokens; not disjoint from the clip categories):
 
         * ``erc_frac_high`` / ``erc_frac_low``: fraction with ``rho >= 1 + erc_high`` /
-          ``rho <= 1 - erc_low`` (no gradient).
+            ``rho <= 1 - erc_low`` (no gradient).
         * ``erc_frac``: fraction without gradient from ERC (the sum of the two, plus NaN ``rho``).
         * ``entropy_ratio_mean``, ``entropy_ratio_max``, ``entropy_ratio_min``: of ``rho``; 1.0 when
-          there is no unmasked token.
+            there is no unmasked token.
 
         ``METRIC_REDUCTIONS`` says how each combines over processes.
 
@@ -964,6 +965,12 @@ def sft_loss(
     return aggregate(per_tok, selected, "token-mean", num_tokens=num_tokens, what="tokens of correct responses")
 
 
+def add_sft_term(pg_loss: torch.Tensor, lm_loss: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The RL stage's loss ``L = L_pg + alpha * L_LM`` (Eq. 14): the one place it is written, for
+    :func:`total_loss` and the verl trainer. Both are 0-dim tensors; the result has their promoted dtype."""
+    return pg_loss + alpha * lm_loss
+
+
 def total_loss(inputs: LossInputs, settings: LossSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The RL stage's loss ``L = L_pg + alpha * L_LM`` (Eq. 14) on one (micro-)batch.
 
@@ -988,7 +995,7 @@ def total_loss(inputs: LossInputs, settings: LossSettings) -> tuple[torch.Tensor
         if inputs.is_correct is None:
             raise ValueError(f"alpha={settings.alpha} needs is_correct (B,) for the SFT term; got None")
         lm_loss = sft_loss(inputs.log_prob, inputs.response_mask, inputs.is_correct, num_tokens=inputs.num_sft_tokens)
-        loss = pg_loss + settings.alpha * lm_loss
+        loss = add_sft_term(pg_loss, lm_loss, settings.alpha)
     else:
         lm_loss = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
         loss = pg_loss

@@ -33,6 +33,7 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from klear.integrations.verl.losses import sft_term
 from klear.rewards.correctness import is_correct
+from klear.rl.losses import add_sft_term
 
 __all__ = [
     "IS_CORRECT_KEY",
@@ -135,7 +136,7 @@ def klear_ppo_loss(
     )
     metrics["actor/sft_loss"] = lm.detach().item()
     metrics["actor/sft_correct_frac"] = correct.float().mean().item()
-    return loss + alpha * lm, metrics
+    return add_sft_term(loss, lm, alpha), metrics
 
 
 class KlearTrainingWorker(TrainingWorker):
