@@ -2,7 +2,7 @@
 main process writes the run's files, both processes share the held-out evaluation (whose result is the 1-process
 run's), and the trained model equals a 1-process run's with the same global batch.
 
-The processes are launched the way users launch them (README "multi-GPU"), on CPU with CUDA hidden, so the
+The processes are launched the way users launch them (docs/gpu.md), on CPU with CUDA hidden, so the
 collectives are torch.distributed's gloo backend.
 
 Same data, same update: TRL's ``RepeatSampler`` draws the global rollout batch with ``trainer.seed`` whatever

@@ -1,7 +1,7 @@
 """``klear data ...``: data curation commands (paper Sec. 3.1, 3.2.1, 4.1, 5.1 and 5.2.4).
 
-The commands and their options are listed by ``klear data --help`` (user guide: the README's
-``klear data`` section). Every command prints ``N rows in, M rows out, R removed (reason: count, ...)``
+The commands and their options are listed by ``klear data --help`` (user guide:
+``docs/data.md``). Every command prints ``N rows in, M rows out, R removed (reason: count, ...)``
 and writes ``OUT.report.json`` (and ``OUT.removed.jsonl`` listing each removed row with its reason).
 An output folder that cannot be written is refused before any work; a write that fails later (full disk)
 stops the command with one line naming OUT and the OS reason (rows go to a temporary file renamed at the

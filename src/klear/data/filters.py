@@ -659,7 +659,7 @@ def label_difficulty(
             in between ``medium`` (0 <= hard_below <= easy_min <= 1; equal values: two labels).
         label_field, rate_field: dotted fields written (``rate_field=None``: no rate).
         Other arguments: as :func:`filter_pass_at_k`. The samples file may be the SFT file itself
-        (rows with ``correct``), with ``id_field="@text"``.
+            (rows with ``correct``), with ``id_field="@text"``.
 
     Returns:
         The report, with ``labels`` (label -> rows).

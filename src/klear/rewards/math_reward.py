@@ -974,8 +974,8 @@ def math_score_detailed(
 
     Raises:
         ValueError: ``timeout_s`` is not positive. Nothing else: a timeout or an exception of the
-        verification becomes ``-1``, a pool failure (after the retries) ``nan``, each with a logged
-        warning.
+            verification becomes ``-1``, a pool failure (after the retries) ``nan``, each with a logged
+            warning.
     """
     timeout_s = _check_timeout(timeout_s)
     try:
