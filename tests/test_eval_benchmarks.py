@@ -138,7 +138,16 @@ def test_default_template_is_the_r1_wording():
         ('{"problem": "x", "answer": "1"}\n\n[1, 2]\n', ": row 1: is list [1, 2] (expected a JSON object)"),
         ('{"problem": "x", "answer": "1"}\n{"problem": "y"}\n', ": row 1: no answer"),
         ('{"problem": "x", "answer": "1"}\n{"answer": "2"}\n', ": row 1: no prompt"),
-        ('{"messages": [{"role": "user"}], "answer": "1"}\n', ": row 0: messages[0]"),
+        ('{"messages": [{"role": "user"}], "answer": "1"}\n', ": row 0: field 'messages[0].content' is NoneType"),
+        # the one message rule (klear.data.text.check_messages) that klear rl and klear sft rows follow
+        (
+            '{"messages": [{"role": "bot", "content": "x"}], "answer": "1"}\n',
+            ": row 0: field 'messages[0].role' is 'bot'",
+        ),
+        (
+            '{"messages": [{"role": "system", "content": "x"}], "answer": "1"}\n',
+            ": row 0: field 'messages' has no message with role 'user'",
+        ),
         (
             '{"id": 1, "problem": "x", "answer": "1"}\n{"id": 1, "problem": "y", "answer": "2"}\n',
             ": row 1: duplicate problem id",

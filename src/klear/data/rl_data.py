@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from klear.data.prompts import DEFAULT_INSTRUCTION, build_user_message
-from klear.data.rows import check_messages, read_rows
-from klear.data.text import short_repr
+from klear.data.rows import read_rows
+from klear.data.text import check_messages, short_repr
 
 DEFAULT_FEW_SHOT: tuple[dict, ...] = (
     {"question": "Calculate 2 + 3.", "answer": "2 + 3 = 5. The answer is \\boxed{5}."},

@@ -10,19 +10,14 @@ JSONL line (invalid JSON, not UTF-8) also gives its 1-based line: ``<file>: line
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from klear.data.io import iter_records
-from klear.data.text import short_repr
 
-__all__ = ["VALID_ROLES", "check_messages", "read_rows"]
+__all__ = ["read_rows"]
+
 
 #: Chat roles a message may have.
-VALID_ROLES = ("system", "user", "assistant", "tool")
-
-
 def read_rows(path: str | os.PathLike) -> list[tuple[str, dict]]:
     """All rows of a row file as ``[(where, row)]``, ``where`` = ``"<path>: row N"`` (N from 0).
 
@@ -40,48 +35,3 @@ def read_rows(path: str | os.PathLike) -> list[tuple[str, dict]]:
     if not rows:
         raise ValueError(f"{p}: no rows (empty file)")
     return rows
-
-
-def check_messages(where: str, field: str, value: Any, *, allow_string: bool = False) -> list[dict]:
-    """A row's chat messages, checked: a non-empty list of ``{"role", "content"}`` dicts.
-
-    Args:
-        where: ``"<file>: row N"``, the start of every error.
-        field: the field's name in the row (``prompt``, ``messages``, ...).
-        value: the field's value.
-        allow_string: a non-empty string is taken as one user message.
-
-    Returns:
-        ``[{"role": str, "content": str}]`` (other keys dropped).
-
-    Raises:
-        ValueError: ``<where>: field '<field>[j].role' is ... (expected one of ...)`` and the like.
-    """
-    expected = "a non-empty list of {'role', 'content'} messages" + (", or a string" if allow_string else "")
-    if allow_string and isinstance(value, str):
-        if not value.strip():
-            raise ValueError(f"{where}: field '{field}' is an empty string (expected {expected})")
-        return [{"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
-        raise ValueError(
-            f"{where}: field '{field}' is {type(value).__name__} {short_repr(value)} (expected {expected})"
-        )
-    out = []
-    for j, msg in enumerate(value):
-        if not isinstance(msg, Mapping):
-            raise ValueError(
-                f"{where}: field '{field}[{j}]' is {type(msg).__name__} {short_repr(msg)} "
-                f"(expected a {{'role', 'content'}} dict)"
-            )
-        role, content = msg.get("role"), msg.get("content")
-        if role not in VALID_ROLES:
-            raise ValueError(
-                f"{where}: field '{field}[{j}].role' is {short_repr(role)} (expected one of {VALID_ROLES})"
-            )
-        if not isinstance(content, str):
-            raise ValueError(
-                f"{where}: field '{field}[{j}].content' is {type(content).__name__} "
-                f"{short_repr(content)} (expected a string)"
-            )
-        out.append({"role": role, "content": content})
-    return out

@@ -53,6 +53,8 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_TEXT_FIELDS",
+    "VALID_ROLES",
+    "check_messages",
     "dedup_digest",
     "get_path",
     "last_user_message",
@@ -105,35 +107,72 @@ def _is_chat(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(m, Mapping) for m in value)
 
 
-def last_user_message(where: str, field: str, messages: Sequence[Any]) -> str:
-    """Content of the last ``user`` message of a chat list.
+#: The chat roles a message may have (every reader of chat rows checks against these).
+VALID_ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_messages(
+    where: str, field: str, value: Any, *, allow_string: bool = False, require_user: bool = False
+) -> list[dict]:
+    """A row's chat messages, checked: a non-empty list of ``{"role", "content"}`` dicts.
+
+    Args:
+        where: ``"<file>: row N"``, the start of every error.
+        field: the field's name in the row (``prompt``, ``messages``, ...).
+        value: the field's value.
+        allow_string: a non-empty string is taken as one user message.
+        require_user: at least one message must have the role ``user``.
+
+    Returns:
+        ``[{"role": str, "content": str}]`` (other keys dropped).
 
     Raises:
-        ValueError: a message is not a ``{"role", "content"}`` dict with string values, or there
-            is no user message; the message names ``where`` (``<file>: row N``) and the field.
+        ValueError: ``<where>: field '<field>[j].role' is ... (expected one of ...)`` and the like; with
+            ``require_user``, ``<where>: field '<field>' has no message with role 'user' ...``.
     """
-    text = None
-    for j, msg in enumerate(messages):
+    expected = "a non-empty list of {'role', 'content'} messages" + (", or a string" if allow_string else "")
+    if allow_string and isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{where}: field '{field}' is an empty string (expected {expected})")
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise ValueError(
+            f"{where}: field '{field}' is {type(value).__name__} {short_repr(value)} (expected {expected})"
+        )
+    out = []
+    for j, msg in enumerate(value):
         if not isinstance(msg, Mapping):
             raise ValueError(
                 f"{where}: field '{field}[{j}]' is {type(msg).__name__} {short_repr(msg)} "
                 f"(expected a {{'role', 'content'}} dict)"
             )
         role, content = msg.get("role"), msg.get("content")
-        if not isinstance(role, str):
-            raise ValueError(f"{where}: field '{field}[{j}].role' is {short_repr(role)} (expected a string)")
+        if role not in VALID_ROLES:
+            raise ValueError(
+                f"{where}: field '{field}[{j}].role' is {short_repr(role)} (expected one of {VALID_ROLES})"
+            )
         if not isinstance(content, str):
             raise ValueError(
                 f"{where}: field '{field}[{j}].content' is {type(content).__name__} "
                 f"{short_repr(content)} (expected a string)"
             )
-        if role == "user":
-            text = content
-    if text is None:
+        out.append({"role": role, "content": content})
+    if require_user and not any(m["role"] == "user" for m in out):
         raise ValueError(
             f"{where}: field '{field}' has no message with role 'user' (expected a chat list with a user message)"
         )
-    return text
+    return out
+
+
+def last_user_message(where: str, field: str, messages: Sequence[Any]) -> str:
+    """Content of the last ``user`` message of a chat list (checked by :func:`check_messages`).
+
+    Raises:
+        ValueError: as :func:`check_messages` with ``require_user``; the message names ``where``
+            (``<file>: row N``) and the field.
+    """
+    checked = check_messages(where, field, list(messages), require_user=True)
+    return [m["content"] for m in checked if m["role"] == "user"][-1]
 
 
 def row_text(row: Any, where: str, field: str | None = None) -> str:

@@ -237,22 +237,10 @@ def _first_field(record: dict, names: Sequence[str]) -> tuple[str | None, Any]:
 
 
 def _messages(where: str, value: Any, field_name: str) -> list[dict]:
-    if isinstance(value, str):
-        if not value.strip():
-            raise ValueError(f"{where}: field {field_name!r} is empty")
-        return [{"role": "user", "content": value}]
-    if isinstance(value, list) and value:
-        out = []
-        for i, m in enumerate(value):
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise ValueError(f"{where}: {field_name}[{i}] is not a {{'role': str, 'content': str}} message")
-            out.append({"role": m["role"], "content": m["content"]})
-        if not any(m["role"] == "user" for m in out):
-            raise ValueError(f"{where}: {field_name} has no user message")
-        return out
-    raise ValueError(
-        f"{where}: field {field_name!r} must be a string or a list of chat messages, got {type(value).__name__}"
-    )
+    """A benchmark row's prompt: a string (one user message) or a chat list with a user message."""
+    from klear.data.text import check_messages
+
+    return check_messages(where, field_name, value, allow_string=True, require_user=True)
 
 
 def apply_math_template(messages: list[dict], template: str | None) -> list[dict]:

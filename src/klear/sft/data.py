@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from klear.data.difficulty import DIFFICULTY_LABELS, MIXED_FOR, difficulty_label, keep_response
-from klear.data.rows import check_messages, read_rows
-from klear.data.text import short_repr
+from klear.data.rows import read_rows
+from klear.data.text import check_messages, short_repr
 
 DEFAULT_SFT_DATA_SOURCE = "math"
 FILTER_MODES = ("none", "correct", "by_difficulty")
