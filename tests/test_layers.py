@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "klear"
 
 # lowest first; a unit is a top-level module or a subpackage of klear
 LAYERS = [
-    {"stats", "utils", "config", "precision", "memory", "lifecycle"},  # plumbing and statistics, torch-free
+    {"stats", "recipe", "utils", "config", "precision", "memory", "lifecycle"},  # plumbing, statistics, torch-free
     {"models", "rewards"},  # the embedded model; the paper's rewards and correctness
     {"data"},  # datasets, filters, selection
     {"generation"},  # vLLM engine support, shared-prompt prefill

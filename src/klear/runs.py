@@ -1,9 +1,10 @@
 """The run skeleton shared by the training jobs (``klear rl``, ``klear sft``): recipe checks, resume, run files,
 held-out evaluation before/after, report and plot.
 
-A job is: :func:`check_eval_section` (and the job's own checks) -> :func:`prepare_run` (precision, trainer
-arguments, model path, resume checkpoint) -> datasets -> :func:`start_run` -> trainer -> :func:`heldout_eval`
-before -> training -> :func:`finish_run` (final model, held-out after, ``eval.json``, printed report, curves).
+A job is: its recipe built and checked (:mod:`klear.recipe`, the stage's ``build_*_recipe``) ->
+:func:`prepare_run` (precision, trainer arguments, model path, resume checkpoint) -> datasets -> :func:`start_run`
+-> trainer -> :func:`heldout_eval` before -> training -> :func:`finish_run` (final model, held-out after,
+``eval.json``, printed report, curves).
 
 Every run directory starts with two files written by :func:`start_run`:
 
@@ -13,7 +14,7 @@ Every run directory starts with two files written by :func:`start_run`:
   "started": <unix time>}``.
 
 Before :func:`start_run` a job checks everything it can without training: the recipe
-(:func:`check_section_keys`, :func:`check_trainer_section`, :func:`check_int`), the datasets, the
+(:mod:`klear.recipe`, :func:`check_trainer_section`), the datasets, the
 prompt lengths against the model's context (:func:`check_prompt_context`) and a resume checkpoint
 against the run's model (:func:`check_checkpoint_model`); a rejected run writes nothing. A run
 that fails after :func:`start_run` but before training starts removes the directory it created
@@ -38,6 +39,7 @@ from typing import Any, Literal
 import yaml
 
 from klear.precision import Precision
+from klear.recipe import EVAL_BACKENDS, EvalSection, build_section, check_int, check_section_keys
 
 __all__ = [
     "AUTO_FIELDS",
@@ -75,39 +77,11 @@ __all__ = [
     "start_run",
 ]
 
-#: Keys of a recipe's ``eval`` section (held-out evaluation before/after training; ``every_steps``: also every
-#: K optimizer steps, ``klear rl`` only, see :mod:`klear.rl.periodic_eval`; ``backend``: see :func:`eval_backend`).
-EVAL_KEYS = {"enabled", "max_new_tokens", "batch_size", "n_samples", "temperature", "every_steps", "backend"}
-#: Values of ``eval.backend``.
-EVAL_BACKENDS = ("auto", "hf", "vllm")
+#: Keys of a recipe's ``eval`` section (:class:`klear.recipe.EvalSection`).
+EVAL_KEYS = frozenset(f.name for f in dataclasses.fields(EvalSection))
 
 # Trainer fields that may be ``auto`` (resolved by klear.precision.resolve_trainer_precision).
 AUTO_FIELDS = ("bf16", "gradient_checkpointing")
-
-
-def check_section_keys(section: Any, allowed: set[str], where: str, source: str) -> None:
-    """Raise ``ValueError`` naming ``source`` and ``where`` if ``section`` is not a mapping or has unknown keys
-    (each with a "did you mean" when a close allowed key exists)."""
-    if not isinstance(section, dict):
-        raise ValueError(f"{source}: {where} must be a mapping, got {type(section).__name__}")
-    unknown = sorted(set(section) - allowed, key=str)
-    if unknown:
-        names = ", ".join(
-            f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(str(k), allowed, n=1)) else repr(k)
-            for k in unknown
-        )
-        raise ValueError(f"{source}: unknown key(s) {names} in {where}; allowed: {sorted(allowed)}")
-
-
-def check_int(source: str, where: str, value: Any, minimum: int, *, allow_none: bool = False) -> None:
-    """Raise ``ValueError`` (``"<source>: <where>=<value> must be an integer >= <minimum>"``) unless
-    ``value`` is an int (not a bool) of at least ``minimum`` (or ``None`` with ``allow_none``)."""
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{source}: {where}={value!r} must be an integer >= {minimum}" + (" (or null)" if allow_none else "")
-        )
 
 
 def check_context_holds(config: dict[str, Any], source: str, field: str, tokens: int | None, minimum: int) -> None:
@@ -708,31 +682,15 @@ def trainer_model_for_generation(trainer, model):
         yield unwrapped
 
 
-def check_eval_section(config: dict[str, Any], source: str) -> None:
-    """Check a recipe's ``eval`` section (keys :data:`EVAL_KEYS`).
+def check_eval_section(config: dict[str, Any], source: str, section: type[EvalSection] = EvalSection) -> None:
+    """Check a recipe's ``eval`` section: :class:`klear.recipe.EvalSection`'s checks (``section``: the stage's
+    subclass), and ``backend: vllm`` only with the run's colocated vLLM engine (:func:`eval_backend`).
 
     Raises:
-        ValueError: an unknown key, a non-integer or < 1 ``max_new_tokens``/``batch_size``/``n_samples``/
-            ``every_steps``, a negative ``temperature``, ``n_samples > 1`` with greedy decoding, a non-bool
-            ``enabled``, a ``backend`` not in :data:`EVAL_BACKENDS`, or ``backend: vllm`` without a colocated
-            vLLM engine (:func:`eval_backend`).
+        ValueError: one line naming ``source`` and the key.
     """
-    section = config.get("eval") or {}
-    check_section_keys(section, EVAL_KEYS, "'eval'", source)
-    for key in ("max_new_tokens", "batch_size", "n_samples", "every_steps"):
-        if key in section:
-            check_int(source, f"eval.{key}", section[key], 1)
-    temperature = section.get("temperature", 0.0)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"{source}: eval.temperature={temperature!r} must be a number >= 0 (0: greedy)")
-    if section.get("n_samples", 1) > 1 and temperature == 0:
-        raise ValueError(f"{source}: eval.n_samples > 1 needs eval.temperature > 0 (0 means greedy decoding)")
-    if "enabled" in section and not isinstance(section["enabled"], bool):
-        raise ValueError(f"{source}: eval.enabled={section['enabled']!r} must be true or false")
-    backend = section.get("backend", "auto")
-    if backend not in EVAL_BACKENDS:
-        raise ValueError(f"{source}: eval.backend={backend!r} must be one of {', '.join(EVAL_BACKENDS)}")
-    if backend == "vllm" and not _colocated_vllm(config):
+    build_section(section, config.get("eval"), source)
+    if (config.get("eval") or {}).get("backend") == "vllm" and not _colocated_vllm(config):
         raise ValueError(
             f"{source}: eval.backend=vllm needs the run's colocated vLLM engine (klear rl with trainer.use_vllm: "
             "true and trainer.vllm_mode: colocate); set eval.backend to auto or hf"

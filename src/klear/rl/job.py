@@ -27,63 +27,31 @@ import logging
 import time
 from typing import Any
 
+from klear.recipe import TRAINER_IMPLS, RLDataSection, RLRecipe, build_section
+
 logger = logging.getLogger(__name__)
 
-_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "reward", "trainer_impl", "context_length"}
-# trainer_impl: "klear" (GPPOTrainer) or "trl_grpo" (plain TRL GRPOTrainer, klear.rl.trl_peer)
-TRAINER_IMPLS = ("klear", "trl_grpo")
 # GPPOTrainer overrides TRL 1.16's private GRPOTrainer hooks (klear.rl.trainer); TRL 1.12 already differs
 # (``_generate_single_turn`` takes other arguments). The klear[verl] environment pins TRL < 1.13 for verl.
 MIN_TRL = (1, 16)
-_DATA_KEYS = {
-    "train",
-    "heldout",
-    "tasks",
-    "train_size",
-    "heldout_size",
-    "data_source",
-    "instruction",
-    "system_prompt",
-    "few_shot",
-}
-# scorer options passed to klear.rewards.compute_scores (math reads require_think and timeout_s;
-# code reads all of them)
-_REWARD_KEYS = {"reward_mode", "require_think", "time_limit_s", "timeout_s", "stop_on_first_failure"}
+__all__ = ["TRAINER_IMPLS", "build_rl_recipe", "plan_rl", "run_rl", "validate_job_config"]
 
 
-def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
-    """Check the recipe's structure before any heavy work.
+def build_rl_recipe(config: dict[str, Any], source: str = "config") -> RLRecipe:
+    """The ``klear rl`` recipe, typed and checked before any heavy work: the one validator of ``klear rl``
+    and of each ``klear experiment`` run's plan (every default is a field of :class:`klear.recipe.RLRecipe`).
 
     Raises:
-        ValueError: an unknown key (named with its section and the file), a missing required key,
-            a trainer field that :class:`GPPOConfig` rejects, or ``use_vllm`` that cannot run on this
-            machine (:func:`klear.generation.vllm.cpu_rollout_settings`).
+        ValueError: an unknown key (named with its section and the file, with a "did you mean"), a missing
+            required key, a value out of range, a trainer field that :class:`GPPOConfig` (or the TRL peer's
+            config) rejects, or ``use_vllm`` that cannot run on this machine
+            (:func:`klear.generation.vllm.cpu_rollout_settings`).
     """
     from klear.runs import check_context_holds, check_eval_section, check_int, check_trainer_section, trainer_arguments
-    from klear.runs import check_section_keys as _check_keys
 
-    _check_keys(config, _TOP_KEYS, "the top level", source)
-    for key in ("model", "output_dir", "data", "trainer"):
-        if config.get(key) in (None, ""):
-            raise ValueError(f"{source}: '{key}' is required")
-    _check_keys(config["data"], _DATA_KEYS, "'data'", source)
-    if not isinstance(config.get("reward") or {}, dict):
-        raise ValueError(f"{source}: 'reward' must be a mapping of scorer options (e.g. reward_mode: soft)")
-    _check_keys(config.get("reward") or {}, _REWARD_KEYS, "'reward'", source)
-    mode = (config.get("reward") or {}).get("reward_mode", "soft")
-    if mode not in ("soft", "hard"):
-        raise ValueError(f"{source}: reward.reward_mode={mode!r} must be 'soft' or 'hard'")
-    check_eval_section(config, source)
-
-    def _int(where: str, value: Any, minimum: int) -> None:
-        check_int(source, where, value, minimum)
-
-    if "seed" in config:
-        _int("seed", config["seed"], 0)
-    check_int(source, "context_length", config.get("context_length"), 1, allow_none=True)
-    for key in ("train_size", "heldout_size"):
-        if key in config["data"]:
-            _int(f"data.{key}", config["data"][key], 0 if key == "heldout_size" else 1)
+    recipe = build_section(RLRecipe, config, source)
+    check_eval_section(config, source)  # eval.backend: vllm needs the run's colocated engine
+    trainer_section = config["trainer"]
     for key, minimum in (
         ("num_generations", 2),
         ("per_device_train_batch_size", 1),
@@ -91,11 +59,8 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
         ("steps_per_generation", 1),
         ("max_completion_length", 1),
     ):
-        if config["trainer"].get(key) is not None:
-            _int(f"trainer.{key}", config["trainer"][key], minimum)
-    impl = config.get("trainer_impl", "klear")
-    if impl not in TRAINER_IMPLS:
-        raise ValueError(f"{source}: trainer_impl={impl!r} must be one of {TRAINER_IMPLS}")
+        if isinstance(trainer_section, dict) and trainer_section.get(key) is not None:
+            check_int(source, f"trainer.{key}", trainer_section[key], minimum)
     check_trl_version()
     config_cls, trainer = trainer_config(config, source)
     check_trainer_section(trainer, config_cls, source)
@@ -106,6 +71,12 @@ def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
     )
     completion = int(args.max_completion_length)  # a prompt of one token + the response budget
     check_context_holds(config, source, "trainer.max_completion_length", completion, completion + 1)
+    return recipe
+
+
+def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
+    """Check the recipe before any heavy work (:func:`build_rl_recipe`)."""
+    build_rl_recipe(config, source)
 
 
 def plan_rl(config: dict[str, Any], *, source: str = "config", **target: Any):
@@ -113,7 +84,7 @@ def plan_rl(config: dict[str, Any], *, source: str = "config", **target: Any):
     ``target``: ``gpus``, ``gpu_memory_gb``, ``strategy``). Returns the plan."""
     from klear.runs import dry_run
 
-    validate_job_config(config, source)
+    build_rl_recipe(config, source)
     config_cls, trainer = trainer_config(config, source)
     return dry_run({**config, "trainer": trainer}, source=source, config_cls=config_cls, **target)
 
@@ -148,10 +119,13 @@ def trainer_config(config: dict[str, Any], source: str) -> tuple[type, dict[str,
     return GPPOConfig, config["trainer"]
 
 
-def _build_datasets(data: dict[str, Any], seed: int):
+def _build_datasets(data: RLDataSection | dict[str, Any], seed: int):
+    """``(train, heldout_or_None)`` from the ``data`` section (a mapping is built into :class:`RLDataSection`)."""
     from klear.data.rl_data import load_rl_dataset, make_reasoning_gym_dataset, make_train_and_heldout
 
-    train_src, heldout_src = data.get("train", "reasoning_gym"), data.get("heldout")
+    if not isinstance(data, RLDataSection):
+        data = build_section(RLDataSection, data, "recipe")
+    train_src, heldout_src = data.train, data.heldout
     if heldout_src == "humaneval" and train_src != "humaneval":
         raise ValueError(
             "data.heldout=humaneval is a split of data.train=humaneval; with your own training file "
@@ -160,29 +134,22 @@ def _build_datasets(data: dict[str, Any], seed: int):
     if train_src == "humaneval":
         from klear.data.code_data import make_humaneval_datasets
 
-        he_kwargs = {k: data[k] for k in ("instruction", "data_source", "system_prompt") if k in data}
         if heldout_src not in (None, "", "none", "humaneval"):
             raise ValueError("data.train=humaneval takes data.heldout=humaneval (a disjoint split) or none")
-        train, heldout = make_humaneval_datasets(
-            int(data.get("train_size", 32)),
-            int(data.get("heldout_size", 0)) if heldout_src else 0,
+        return make_humaneval_datasets(
+            data.train_size,
+            data.heldout_size if heldout_src else 0,
             seed=seed,
-            **he_kwargs,
+            **data.given("instruction", "data_source", "system_prompt"),
         )
-        return train, heldout
-    rg_kwargs = {k: data[k] for k in ("instruction", "data_source", "system_prompt", "few_shot") if k in data}
+    rg_kwargs = data.given("instruction", "data_source", "system_prompt", "few_shot")
+    tasks = data.tasks or []
     if train_src == "reasoning_gym":
-        if not data.get("tasks"):
-            raise ValueError("data.train=reasoning_gym needs data.tasks (a list of {name, config, weight})")
         if heldout_src == "reasoning_gym":
             return make_train_and_heldout(
-                data["tasks"],
-                train_size=int(data["train_size"]),
-                heldout_size=int(data["heldout_size"]),
-                seed=seed,
-                **rg_kwargs,
+                tasks, train_size=data.train_size, heldout_size=data.heldout_size, seed=seed, **rg_kwargs
             )
-        train = make_reasoning_gym_dataset(data["tasks"], size=int(data["train_size"]), seed=seed, **rg_kwargs)
+        train = make_reasoning_gym_dataset(tasks, size=data.train_size, seed=seed, **rg_kwargs)
     else:
         train = load_rl_dataset(train_src)
     if heldout_src in (None, "", "none"):
@@ -190,8 +157,8 @@ def _build_datasets(data: dict[str, Any], seed: int):
     elif heldout_src == "reasoning_gym":
         exclude = set(_question_texts(train))
         heldout = make_reasoning_gym_dataset(
-            data["tasks"],
-            size=int(data["heldout_size"]),
+            tasks,
+            size=data.heldout_size,
             seed=seed + 1,
             split="test",
             exclude_questions=exclude,
@@ -222,7 +189,7 @@ def run_rl(
         ValueError: an invalid recipe (see :func:`validate_job_config`) or dataset.
         FileNotFoundError: ``resume`` was asked but there is no checkpoint.
     """
-    validate_job_config(config, source)
+    recipe = build_rl_recipe(config, source)
     import torch
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
@@ -263,7 +230,7 @@ def run_rl(
         tokenizer.pad_token = tokenizer.eos_token
 
     t0 = time.time()  # datasets and prompt lengths are checked before the run directory exists
-    train, heldout = _build_datasets(config["data"], seed)
+    train, heldout = _build_datasets(recipe.data, seed)
     context = setup.context  # the recipe's context_length, else the checkpoint's max_position_embeddings
     longest = check_prompt_context(
         tokenizer,
@@ -271,11 +238,16 @@ def run_rl(
         budget=args.max_completion_length,
         budget_name="trainer.max_completion_length",
         context=context,
-        where=f"data.train={config['data'].get('train', 'reasoning_gym')}",
+        where=f"data.train={recipe.data.train}",
         chat_template_kwargs=args.chat_template_kwargs,
     )
     setup.memory_plan = guard_memory(config, setup, source=source, prompt_tokens=longest)
-    eval_cfg = eval_settings(config, max_new_tokens=args.max_completion_length, batch_size=64, seed=seed)
+    eval_cfg = eval_settings(
+        config,
+        max_new_tokens=recipe.eval.max_new_tokens or args.max_completion_length,
+        batch_size=recipe.eval.batch_size,
+        seed=seed,
+    )
     do_eval = heldout is not None and eval_cfg["enabled"]
     longest_heldout = (
         check_prompt_context(
@@ -284,7 +256,7 @@ def run_rl(
             budget=eval_cfg["max_new_tokens"],
             budget_name="eval.max_new_tokens",
             context=context,
-            where=f"data.heldout={config['data'].get('heldout')}",
+            where=f"data.heldout={recipe.data.heldout}",
         )
         if do_eval
         else 0
@@ -319,7 +291,7 @@ def run_rl(
         trainer = build_trainer(
             trainer_cls,
             model=setup.model_path,
-            reward_funcs=make_klear_reward(**(config.get("reward") or {})),
+            reward_funcs=make_klear_reward(**recipe.reward.scorer_kwargs()),
             args=args,
             train_dataset=train,
             processing_class=tokenizer,

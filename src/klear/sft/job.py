@@ -43,58 +43,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from klear.recipe import SFTDataSection, SFTEvalSection, SFTRecipe, build_section
 
-_TOP_KEYS = {"model", "output_dir", "seed", "data", "eval", "trainer", "context_length"}
-_DATA_KEYS = {
-    "train",
-    "heldout",
-    "tasks",
-    "train_size",
-    "heldout_size",
-    "system_prompt",
-    "instruction",
-    "data_source",
-    "filter",
-    "easy_pass_rate",
-}
+logger = logging.getLogger(__name__)
 
 # klear's SFT defaults under the recipe's trainer section: the loss on the response tokens only (paper Sec. 3.1)
 SFT_TRAINER_DEFAULTS = {"completion_only_loss": True}
 
-__all__ = ["format_compliant", "format_report", "plan_sft", "run_sft", "validate_sft_config"]
+__all__ = ["build_sft_recipe", "format_compliant", "format_report", "plan_sft", "run_sft", "validate_sft_config"]
 
 
-def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
-    """Check the recipe's structure before any heavy work.
+def build_sft_recipe(config: dict[str, Any], source: str = "config") -> SFTRecipe:
+    """The ``klear sft`` recipe, typed and checked before any heavy work: the one validator of ``klear sft``
+    (every default is a field of :class:`klear.recipe.SFTRecipe`).
 
     Raises:
-        ValueError: an unknown key (named with its section and the file), a missing required key, a
-            trainer field that :class:`KlearSFTConfig` does not have (with a "did you mean"), or a
-            trainer value of the wrong type.
+        ValueError: an unknown key (named with its section and the file, with a "did you mean"), a missing
+            required key, a value out of range, a trainer field that :class:`KlearSFTConfig` does not have or
+            rejects, or a trainer value of the wrong type.
     """
     from klear.runs import check_context_holds, check_eval_section, check_int, check_trainer_section, trainer_arguments
-    from klear.runs import check_section_keys as _check_keys
     from klear.sft.trainer import KlearSFTConfig
 
-    _check_keys(config, _TOP_KEYS, "the top level", source)
-    for key in ("model", "output_dir", "data", "trainer"):
-        if config.get(key) in (None, ""):
-            raise ValueError(f"{source}: '{key}' is required")
-    _check_keys(config["data"], _DATA_KEYS, "'data'", source)
-    check_eval_section(config, source)
-    if "every_steps" in (config.get("eval") or {}):
-        raise ValueError(
-            f"{source}: eval.every_steps is a klear rl setting (held-out curves); klear sft evaluates "
-            "before and after training only"
-        )
+    recipe = build_section(SFTRecipe, config, source)
+    check_eval_section(config, source, SFTEvalSection)
     check_trainer_section(config["trainer"], KlearSFTConfig, source)
-    if "seed" in config:
-        check_int(source, "seed", config["seed"], 0)
-    check_int(source, "context_length", config.get("context_length"), 1, allow_none=True)
-    for key in ("train_size", "heldout_size"):
-        if key in config["data"]:
-            check_int(source, f"data.{key}", config["data"][key], 1)
     trainer = config["trainer"]
     for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         if trainer.get(key) is not None:
@@ -113,27 +86,17 @@ def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
             f"{source}: trainer.warmup_steps={warmup} exceeds trainer.max_steps={steps}: lower "
             "warmup_steps (or give it as a fraction of the steps, e.g. 0.03)"
         )
-    data = config["data"]
-    train = data.get("train")
-    if not isinstance(train, str) or not train:
-        raise ValueError(f"{source}: data.train must be 'teacher' or the path of an SFT file, got {train!r}")
-    if train == "teacher" or data.get("heldout") == "reasoning_gym":
-        for key in (
-            ("tasks",)
-            + (("train_size",) if train == "teacher" else ())
-            + (("heldout_size",) if data.get("heldout") == "reasoning_gym" else ())
-        ):
-            if data.get(key) in (None, "", []):
-                raise ValueError(
-                    f"{source}: data.{key} is required with data.train=teacher / data.heldout=reasoning_gym"
-                )
-    if data.get("filter", "none") not in ("none", "correct", "by_difficulty"):
-        raise ValueError(f"{source}: data.filter={data.get('filter')!r} must be none, correct or by_difficulty")
     # every check the run makes on its trainer arguments (SFTConfig's, ranges), before any model loads
     _, _, args = trainer_arguments(
         config, source=source, config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS, machine_checks=False
     )
     check_context_holds(config, source, "trainer.max_length", args.max_length, int(args.max_length or 0))
+    return recipe
+
+
+def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
+    """Check the recipe before any heavy work (:func:`build_sft_recipe`)."""
+    build_sft_recipe(config, source)
 
 
 def plan_sft(config: dict[str, Any], *, source: str = "config", **target: Any):
@@ -142,47 +105,48 @@ def plan_sft(config: dict[str, Any], *, source: str = "config", **target: Any):
     from klear.runs import dry_run
     from klear.sft.trainer import KlearSFTConfig
 
-    validate_sft_config(config, source)
+    build_sft_recipe(config, source)
     return dry_run(config, source=source, config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS, **target)
 
 
-def _build_datasets(data: dict[str, Any], seed: int):
+def _build_datasets(data: SFTDataSection, seed: int):
     """``(sft_train, heldout_or_None, filter_stats_or_None)`` from the ``data`` section."""
     from klear.data.rl_data import load_rl_dataset, make_reasoning_gym_dataset
     from klear.sft.data import filter_sft_dataset, load_sft_file, make_teacher_sft_dataset
 
-    prompt_kwargs = {k: data[k] for k in ("system_prompt", "instruction") if data.get(k) is not None}
-    data_source = data.get("data_source", "math_reasoning_gym")
-    heldout_src = data.get("heldout")
+    prompts = (("system_prompt", data.system_prompt), ("instruction", data.instruction))
+    prompt_kwargs = {k: v for k, v in prompts if v is not None}
+    tasks = data.tasks or []
     stats = None
-    if data["train"] == "teacher":
+    if data.train == "teacher":
+        assert data.train_size is not None  # required with train: teacher (SFTDataSection.check)
         train, heldout = make_teacher_sft_dataset(
-            data["tasks"],
-            train_size=int(data["train_size"]),
-            heldout_size=int(data.get("heldout_size") or 2),
+            tasks,
+            train_size=data.train_size,
+            heldout_size=data.heldout_size or 2,
             seed=seed,
-            data_source=data_source,
+            data_source=data.data_source,
             **prompt_kwargs,
         )
-        if heldout_src != "reasoning_gym":
+        if data.heldout != "reasoning_gym":
             heldout = None
     else:
-        train = load_sft_file(data["train"])
+        train = load_sft_file(data.train)
         heldout = None
-        if heldout_src == "reasoning_gym":
+        if data.heldout == "reasoning_gym":
             heldout = make_reasoning_gym_dataset(
-                data["tasks"],
-                size=int(data["heldout_size"]),
+                tasks,
+                size=int(data.heldout_size or 0),
                 seed=seed + 1,
                 split="test",
                 few_shot=None,
-                data_source=data_source,
+                data_source=data.data_source,
                 **prompt_kwargs,
             )
-    if data.get("filter", "none") != "none":
-        train, stats = filter_sft_dataset(train, data["filter"], easy_pass_rate=float(data.get("easy_pass_rate", 0.5)))
-    if heldout_src not in (None, "", "none", "reasoning_gym"):
-        heldout = load_rl_dataset(heldout_src)
+    if data.filter != "none":
+        train, stats = filter_sft_dataset(train, data.filter, easy_pass_rate=float(data.easy_pass_rate))
+    if data.heldout not in (None, "", "none", "reasoning_gym"):
+        heldout = load_rl_dataset(data.heldout)
     return train, heldout, stats
 
 
@@ -247,7 +211,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         ValueError: an invalid recipe (see :func:`validate_sft_config`) or dataset.
         FileNotFoundError: ``resume`` was asked but there is no checkpoint, or a data file is missing.
     """
-    validate_sft_config(config, source)
+    recipe = build_sft_recipe(config, source)
     import torch
     from transformers import AutoTokenizer
 
@@ -271,7 +235,7 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     )
     out, seed = setup.out, setup.seed
     t0 = time.time()
-    train, heldout, filter_stats = _build_datasets(config["data"], seed)
+    train, heldout, filter_stats = _build_datasets(recipe.data, seed)
     logger.info(
         "data: %d SFT examples, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0, time.time() - t0
     )
@@ -291,7 +255,9 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
             processing_class=tokenizer,
             callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
         )
-        eval_cfg = eval_settings(config, max_new_tokens=512, batch_size=32, seed=seed)
+        eval_cfg = eval_settings(
+            config, max_new_tokens=recipe.eval.max_new_tokens or 512, batch_size=recipe.eval.batch_size, seed=seed
+        )
         do_eval = heldout is not None and eval_cfg["enabled"]
         if do_eval:
             heldout_longest = check_prompt_context(
