@@ -60,3 +60,10 @@ def test_klear_rl_refuses_a_bad_setting_before_any_model_loads(tmp_path, capsys,
     assert main(["rl", "--config", "rl_demo", f"output_dir={out}", f"{key}={value}"]) == 2
     assert message in _error(capsys, "rl")
     assert not out.exists()
+
+
+def test_klear_experiment_names_a_misspelt_top_level_key(tmp_path, capsys):
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "base": "rl_demo", "arms": {"a": {}}, "seed": [0]}))
+    assert main(["experiment", "--config", str(path)]) == 2
+    assert "unknown key(s) 'seed' (did you mean 'seeds'?) in the top level" in _error(capsys, "experiment")

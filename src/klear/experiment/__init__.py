@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.config import CONFIG_DIR, find_config, load_config, load_yaml
+from klear.recipe import check_section_keys
 
 EXPERIMENT_DIR = CONFIG_DIR / "experiments"
 _TOP_KEYS = {"name", "description", "base", "overrides", "arms", "reference", "seeds", "output_dir", "keep_models"}
@@ -170,9 +171,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(spec).__name__}")
-    unknown = sorted(set(spec) - _TOP_KEYS)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(_TOP_KEYS)}")
+    check_section_keys(spec, _TOP_KEYS, "the top level", str(path))
     if not spec.get("base"):
         raise ValueError(f"{path}: 'base' (a klear rl recipe) is required")
     local = (path.parent / str(spec["base"])).resolve()
