@@ -184,6 +184,7 @@ class SFTEvalSection(EvalSection):
                 "before and after training only"
             )
         super().check(source)
+        check_int(source, "eval.max_new_tokens", self.max_new_tokens, 1)
 
 
 # ---------------------------------------------------------------------------------------------------- reward

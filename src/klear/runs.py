@@ -43,6 +43,9 @@ from klear.recipe import EVAL_BACKENDS, EvalSection, build_section, check_int, c
 
 __all__ = [
     "AUTO_FIELDS",
+    "Job",
+    "Stage",
+    "run_job",
     "EVAL_BACKENDS",
     "EVAL_KEYS",
     "RunDir",
@@ -1361,3 +1364,114 @@ def add_run_arguments(parser, *, default_recipe: str, recipes: str) -> None:
         help="--dry-run, klear rl: plan prompts of this many tokens (default: the whole context, an upper bound)",
     )
     parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
+
+
+# -------------------------------------------------------------------------------------------------- the driver
+@dataclasses.dataclass
+class Job:
+    """What a training stage carries through :func:`run_job`, filled in step by step.
+
+    Attributes:
+        config: the recipe mapping (as written to ``config.yaml``). recipe: the typed recipe of the stage's
+        :meth:`Stage.build_recipe`. source: where the recipe came from. setup: :func:`prepare_run`'s result.
+        train, heldout: the datasets (``heldout`` ``None``: no held-out evaluation). eval_cfg: the held-out
+        decoding settings (:func:`eval_settings`). do_eval: evaluate before and after. tokenizer, trainer,
+        model (the unwrapped training module): set by :meth:`Stage.build_trainer`. extra: stage-specific values.
+    """
+
+    config: dict[str, Any]
+    recipe: Any
+    source: str
+    setup: RunSetup | None = None
+    train: Any = None
+    heldout: Any = None
+    eval_cfg: dict[str, Any] = dataclasses.field(default_factory=dict)
+    do_eval: bool = False
+    tokenizer: Any = None
+    trainer: Any = None
+    model: Any = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Stage:
+    """A training stage for :func:`run_job`: it supplies the hooks, the driver the fixed order. ``klear rl``:
+    :class:`klear.rl.job.RLStage`; ``klear sft``: :class:`klear.sft.job.SFTStage`."""
+
+    #: ``run.json``'s ``stage``
+    name = ""
+    #: :func:`klear.utils.plotting.plot_training_curves` panels
+    panels: Any = None
+
+    def build_recipe(self, config: dict[str, Any], source: str) -> Any:
+        """Validate the recipe before anything loads (the stage's one validator)."""
+        raise NotImplementedError
+
+    def prepare(self, job: Job, resume: bool | str) -> RunSetup:
+        """:func:`prepare_run` with the stage's trainer config class and defaults."""
+        raise NotImplementedError
+
+    def load_data(self, job: Job) -> None:
+        """Set ``job.train``, ``job.heldout``, ``job.eval_cfg``, ``job.do_eval`` (and what the stage checks
+        against them) before the run directory exists."""
+        raise NotImplementedError
+
+    def build_trainer(self, job: Job) -> None:
+        """Set ``job.tokenizer``, ``job.trainer`` and ``job.model`` (inside the run directory's failure guard)."""
+        raise NotImplementedError
+
+    def evaluate(self, job: Job, path: Path, *, reuse: bool) -> dict[str, Any]:
+        """One held-out evaluation, saved to ``path``."""
+        raise NotImplementedError
+
+    def before_training(self, job: Job, before: dict[str, Any] | None) -> None:
+        """After the "before" evaluation (``None`` without one), still inside the failure guard."""
+
+    def after_training(self, job: Job) -> None:
+        """After ``trainer.train``, before the "after" evaluation."""
+
+    def report(self, job: Job, before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+        """``eval.json``'s content."""
+        raise NotImplementedError
+
+    def report_text(self, report: dict[str, Any]) -> str:
+        """The printed summary of an evaluated run."""
+        raise NotImplementedError
+
+    def finished(self, job: Job) -> None:
+        """After :func:`finish_run`."""
+
+
+def run_job(stage: Stage, config: dict[str, Any], *, source: str = "config", resume: bool | str = False):
+    """Take a training stage through the fixed sequence every stage shares: validate the recipe, prepare the run
+    (precision, trainer arguments, model path, resume checkpoint), load and check the data, start the run
+    directory, build the trainer, evaluate before, train, evaluate after, finish (``final/``, ``eval.json``,
+    report, curves). Returns the report (``eval.json``'s content).
+
+    Raises:
+        ValueError, FileNotFoundError: from the stage's hooks (an invalid recipe or dataset, no checkpoint to
+            resume from); a run rejected before :func:`start_run` writes nothing.
+    """
+    job = Job(config=config, recipe=stage.build_recipe(config, source), source=source)
+    setup = job.setup = stage.prepare(job, resume)
+    stage.load_data(job)
+    run_dir = start_run(
+        setup.out, job.config, setup.trainer_cfg, setup.precision, stage=stage.name, resumed=bool(setup.resume)
+    )
+    with run_dir.removed_on_failure():  # a run that fails before training leaves no directory behind
+        stage.build_trainer(job)
+        before = stage.evaluate(job, setup.out / "eval_before.json", reuse=bool(setup.resume)) if job.do_eval else None
+        stage.before_training(job, before)
+    job.trainer.train(resume_from_checkpoint=setup.resume or None)
+    stage.after_training(job)
+    after = stage.evaluate(job, setup.out / "eval_after.json", reuse=False) if job.do_eval else None
+    report = stage.report(job, before, after)
+    finish_run(
+        setup,
+        job.trainer,
+        job.tokenizer,
+        report,
+        report_text=stage.report_text(report) if job.do_eval else None,
+        panels=stage.panels,
+    )
+    stage.finished(job)
+    return report

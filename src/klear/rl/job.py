@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from klear.recipe import TRAINER_IMPLS, RLDataSection, RLRecipe, build_section
+from klear.runs import Stage
 
 logger = logging.getLogger(__name__)
 
@@ -173,10 +174,184 @@ def _question_texts(dataset) -> list[str]:
     return [p[-1]["content"] for p in dataset["prompt"]]
 
 
+class RLStage(Stage):
+    """``klear rl``'s hooks for :func:`klear.runs.run_job` (GPPO, or plain TRL GRPO as the experiments' peer arm)."""
+
+    name = "rl"
+
+    def __init__(self, callbacks: list | None = None):
+        from klear.utils.plotting import RL_PANELS
+
+        self.callbacks = list(callbacks or [])
+        self.panels = RL_PANELS
+
+    def build_recipe(self, config: dict[str, Any], source: str) -> RLRecipe:
+        return build_rl_recipe(config, source)
+
+    def prepare(self, job, resume):
+        from klear.runs import prepare_run
+
+        config_cls, trainer = trainer_config(job.config, job.source)
+        job.config = {**job.config, "trainer": trainer}
+        # the memory plan is checked once the prompts are read (their length, not the whole context)
+        return prepare_run(job.config, source=job.source, resume=resume, config_cls=config_cls, plan_memory=False)
+
+    def load_data(self, job) -> None:
+        from transformers import AutoTokenizer
+
+        from klear.generation.vllm import rollout_engine_settings
+        from klear.runs import cap_eval_batch_size, check_prompt_context, eval_settings, guard_memory
+
+        setup, recipe, args = job.setup, job.recipe, job.setup.args
+        tokenizer = job.tokenizer = AutoTokenizer.from_pretrained(setup.model_path, padding_side="left")
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        t0 = time.time()  # datasets and prompt lengths are checked before the run directory exists
+        job.train, job.heldout = _build_datasets(recipe.data, setup.seed)
+        context = setup.context  # the recipe's context_length, else the checkpoint's max_position_embeddings
+        longest = check_prompt_context(
+            tokenizer,
+            job.train,
+            budget=args.max_completion_length,
+            budget_name="trainer.max_completion_length",
+            context=context,
+            where=f"data.train={recipe.data.train}",
+            chat_template_kwargs=args.chat_template_kwargs,
+        )
+        setup.memory_plan = guard_memory(job.config, setup, source=job.source, prompt_tokens=longest)
+        eval_cfg = eval_settings(
+            job.config,
+            max_new_tokens=recipe.eval.max_new_tokens or args.max_completion_length,
+            batch_size=recipe.eval.batch_size,
+            seed=setup.seed,
+        )
+        job.do_eval = job.heldout is not None and eval_cfg["enabled"]
+        longest_heldout = (
+            check_prompt_context(
+                tokenizer,
+                job.heldout,
+                budget=eval_cfg["max_new_tokens"],
+                budget_name="eval.max_new_tokens",
+                context=context,
+                where=f"data.heldout={recipe.data.heldout}",
+            )
+            if job.do_eval
+            else 0
+        )
+        # the held-out evaluation generates on the rollout engine
+        on_vllm = job.extra["on_vllm"] = job.do_eval and eval_cfg["backend"] == "vllm"
+        if job.do_eval and not on_vllm:  # HF decoding on CUDA: a batch whose KV cache fits
+            eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=longest_heldout + int(eval_cfg["max_new_tokens"]))
+        job.eval_cfg = eval_cfg
+        # the colocated vLLM engine's context and (CPU) memory, sized from the data unless the recipe sets them
+        try:
+            engine = rollout_engine_settings(
+                args,
+                job.config["trainer"],
+                model_path=setup.model_path,
+                config=setup.model_config,
+                longest_prompt=longest,
+                on_cpu=setup.precision.device == "cpu",
+                eval_need=(longest_heldout, int(eval_cfg["max_new_tokens"])) if on_vllm else None,
+            )
+        except ValueError as e:
+            raise ValueError(f"{job.source}: {e}") from None
+        for field, value in engine.items():
+            setattr(args, field, value)
+        if engine:
+            print(f"vLLM rollout engine (sized from the data): {', '.join(f'{k}={v}' for k, v in engine.items())}")
+        logger.info(
+            "data: %d train prompts, %s held-out (%.1fs)",
+            len(job.train),
+            len(job.heldout) if job.heldout else 0,
+            time.time() - t0,
+        )
+
+    def build_trainer(self, job) -> None:
+        import torch
+        from trl import GRPOTrainer
+
+        from klear.callbacks import MetricsJsonlCallback
+        from klear.eval.backends import ColocatedEval
+        from klear.generation.vllm import build_trainer
+        from klear.rl.periodic_eval import HeldoutCurveCallback
+        from klear.rl.reward_fn import make_klear_reward
+        from klear.rl.trainer import GPPOTrainer
+
+        out = job.setup.out
+        torch.manual_seed(job.setup.seed)
+        trainer_cls: type[GRPOTrainer] = GPPOTrainer
+        if job.recipe.trainer_impl == "trl_grpo":
+            from klear.rl.trl_peer import TRLPeerTrainer
+
+            trainer_cls = TRLPeerTrainer
+        trainer = job.trainer = build_trainer(
+            trainer_cls,
+            model=job.setup.model_path,
+            reward_funcs=make_klear_reward(**job.recipe.reward.scorer_kwargs()),
+            args=job.setup.args,
+            train_dataset=job.train,
+            processing_class=job.tokenizer,
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *self.callbacks],
+        )
+        job.model = trainer.accelerator.unwrap_model(trainer.model)
+        # None: model.generate
+        job.extra["backend"] = ColocatedEval(trainer, job.tokenizer) if job.extra["on_vllm"] else None
+        curve = job.extra["curve"] = HeldoutCurveCallback(
+            out, lambda path: self.evaluate(job, path, reuse=False), job.eval_cfg.get("every_steps")
+        )
+        if job.do_eval:
+            trainer.add_callback(curve)
+
+    def evaluate(self, job, path, *, reuse: bool) -> dict[str, Any]:
+        from klear.runs import heldout_eval
+
+        return heldout_eval(
+            job.model,
+            job.tokenizer,
+            job.heldout,
+            job.eval_cfg,
+            path=path,
+            reuse=reuse,
+            trainer=job.trainer,
+            backend=job.extra["backend"],
+        )
+
+    def before_training(self, job, before) -> None:
+        if before is not None:
+            print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
+            job.extra["curve"].record(0, before)
+
+    def after_training(self, job) -> None:
+        if job.do_eval:
+            job.extra["curve"].pause()
+
+    def report(self, job, before, after) -> dict[str, Any]:
+        from klear.runs import eval_fields
+        from klear.stats import paired_difference
+
+        report: dict[str, Any] = {"model": str(job.config["model"]), "steps": job.trainer.state.global_step}
+        if before is not None and after is not None:
+            job.extra["curve"].record(job.trainer.state.global_step, after)
+            report.update(paired_difference(before["correct"], after["correct"]))
+            report.update(
+                samples_per_problem=after.get("samples_per_problem", 1), temperature=after.get("temperature", 0.0)
+            )
+            report.update(eval_fields(before, after))
+        return report
+
+    def report_text(self, report: dict[str, Any]) -> str:
+        return format_report(report)
+
+    def finished(self, job) -> None:
+        pass
+
+
 def run_rl(
     config: dict[str, Any], *, source: str = "config", resume: bool | str = False, callbacks: list | None = None
 ) -> dict[str, Any]:
-    """Run the RL job described by ``config`` (see the module docstring). Returns the ``eval.json`` content.
+    """Run the RL job described by ``config`` (see the module docstring) through :func:`klear.runs.run_job`.
+    Returns the ``eval.json`` content.
 
     Args:
         config: the recipe (already merged with overrides).
@@ -186,168 +361,12 @@ def run_rl(
         callbacks: extra ``TrainerCallback`` objects (e.g. a progress bar).
 
     Raises:
-        ValueError: an invalid recipe (see :func:`validate_job_config`) or dataset.
+        ValueError: an invalid recipe (see :func:`build_rl_recipe`) or dataset.
         FileNotFoundError: ``resume`` was asked but there is no checkpoint.
     """
-    recipe = build_rl_recipe(config, source)
-    import torch
-    from transformers import AutoTokenizer
-    from trl import GRPOTrainer
+    from klear.runs import run_job
 
-    from klear.callbacks import MetricsJsonlCallback
-    from klear.eval.backends import ColocatedEval
-    from klear.generation.vllm import build_trainer, rollout_engine_settings
-    from klear.rl.periodic_eval import HeldoutCurveCallback
-    from klear.rl.reward_fn import make_klear_reward
-    from klear.rl.trainer import GPPOTrainer
-    from klear.runs import (
-        cap_eval_batch_size,
-        check_prompt_context,
-        eval_fields,
-        eval_settings,
-        finish_run,
-        guard_memory,
-        heldout_eval,
-        prepare_run,
-        start_run,
-    )
-    from klear.stats import paired_difference
-    from klear.utils.plotting import RL_PANELS
-
-    # GPPO, or plain TRL GRPO as the experiments' peer arm (both are GRPOConfig / GRPOTrainer subclasses)
-    config_cls, trainer = trainer_config(config, source)
-    config = {**config, "trainer": trainer}
-    trainer_cls: type[GRPOTrainer] = GPPOTrainer
-    if config.get("trainer_impl") == "trl_grpo":
-        from klear.rl.trl_peer import TRLPeerTrainer
-
-        trainer_cls = TRLPeerTrainer
-    # the memory plan is checked once the prompts are read (their length, not the whole context), before weights load
-    setup = prepare_run(config, source=source, resume=resume, config_cls=config_cls, plan_memory=False)
-    out, args, seed = setup.out, setup.args, setup.seed
-    tokenizer = AutoTokenizer.from_pretrained(setup.model_path, padding_side="left")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-
-    t0 = time.time()  # datasets and prompt lengths are checked before the run directory exists
-    train, heldout = _build_datasets(recipe.data, seed)
-    context = setup.context  # the recipe's context_length, else the checkpoint's max_position_embeddings
-    longest = check_prompt_context(
-        tokenizer,
-        train,
-        budget=args.max_completion_length,
-        budget_name="trainer.max_completion_length",
-        context=context,
-        where=f"data.train={recipe.data.train}",
-        chat_template_kwargs=args.chat_template_kwargs,
-    )
-    setup.memory_plan = guard_memory(config, setup, source=source, prompt_tokens=longest)
-    eval_cfg = eval_settings(
-        config,
-        max_new_tokens=recipe.eval.max_new_tokens or args.max_completion_length,
-        batch_size=recipe.eval.batch_size,
-        seed=seed,
-    )
-    do_eval = heldout is not None and eval_cfg["enabled"]
-    longest_heldout = (
-        check_prompt_context(
-            tokenizer,
-            heldout,
-            budget=eval_cfg["max_new_tokens"],
-            budget_name="eval.max_new_tokens",
-            context=context,
-            where=f"data.heldout={recipe.data.heldout}",
-        )
-        if do_eval
-        else 0
-    )
-    on_vllm = do_eval and eval_cfg["backend"] == "vllm"  # the held-out evaluation generates on the rollout engine
-    if do_eval and not on_vllm:  # HF decoding on CUDA: a batch whose KV cache fits
-        eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=longest_heldout + int(eval_cfg["max_new_tokens"]))
-    # the colocated vLLM engine's context and (CPU) memory, sized from the data unless the recipe sets them
-    try:
-        engine = rollout_engine_settings(
-            args,
-            config["trainer"],
-            model_path=setup.model_path,
-            config=setup.model_config,
-            longest_prompt=longest,
-            on_cpu=setup.precision.device == "cpu",
-            eval_need=(longest_heldout, int(eval_cfg["max_new_tokens"])) if on_vllm else None,
-        )
-    except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
-    for field, value in engine.items():
-        setattr(args, field, value)
-    if engine:
-        print(f"vLLM rollout engine (sized from the data): {', '.join(f'{k}={v}' for k, v in engine.items())}")
-    logger.info(
-        "data: %d train prompts, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0, time.time() - t0
-    )
-    run_dir = start_run(out, config, setup.trainer_cfg, setup.precision, stage="rl", resumed=bool(setup.resume))
-    torch.manual_seed(seed)
-
-    with run_dir.removed_on_failure():  # a run that fails before training leaves no directory behind
-        trainer = build_trainer(
-            trainer_cls,
-            model=setup.model_path,
-            reward_funcs=make_klear_reward(**recipe.reward.scorer_kwargs()),
-            args=args,
-            train_dataset=train,
-            processing_class=tokenizer,
-            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *(callbacks or [])],
-        )
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        backend = ColocatedEval(trainer, tokenizer) if on_vllm else None  # None: model.generate
-        curve = HeldoutCurveCallback(
-            out,
-            lambda path: heldout_eval(
-                model, tokenizer, heldout, eval_cfg, path=path, reuse=False, trainer=trainer, backend=backend
-            ),
-            eval_cfg.get("every_steps"),
-        )
-        if do_eval:
-            trainer.add_callback(curve)
-        before: dict[str, Any] | None = None
-        if do_eval:
-            before = heldout_eval(
-                model,
-                tokenizer,
-                heldout,
-                eval_cfg,
-                path=out / "eval_before.json",
-                reuse=bool(setup.resume),
-                trainer=trainer,
-                backend=backend,
-            )
-            print(f"held-out accuracy before training: {before['accuracy']:.3f} (n={before['n']})", flush=True)
-            curve.record(0, before)
-
-    trainer.train(resume_from_checkpoint=setup.resume or None)
-    report: dict[str, Any] = {"model": str(config["model"]), "steps": trainer.state.global_step}
-    if do_eval:
-        assert before is not None  # evaluated before training whenever do_eval
-        curve.pause()
-        after = heldout_eval(
-            model,
-            tokenizer,
-            heldout,
-            eval_cfg,
-            path=out / "eval_after.json",
-            reuse=False,
-            trainer=trainer,
-            backend=backend,
-        )
-        curve.record(trainer.state.global_step, after)
-        report.update(paired_difference(before["correct"], after["correct"]))
-        report.update(
-            samples_per_problem=after.get("samples_per_problem", 1), temperature=after.get("temperature", 0.0)
-        )
-        report.update(eval_fields(before, after))
-    finish_run(
-        setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None, panels=RL_PANELS
-    )
-    return report
+    return run_job(RLStage(callbacks), config, source=source, resume=resume)
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.recipe import SFTDataSection, SFTEvalSection, SFTRecipe, build_section
+from klear.runs import Stage
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +195,138 @@ def format_report(report: dict[str, Any]) -> str:
     )
 
 
+class SFTStage(Stage):
+    """``klear sft``'s hooks for :func:`klear.runs.run_job`."""
+
+    name = "sft"
+
+    def __init__(self):
+        from klear.utils.plotting import SFT_PANELS
+
+        self.panels = SFT_PANELS
+
+    def build_recipe(self, config: dict[str, Any], source: str) -> SFTRecipe:
+        return build_sft_recipe(config, source)
+
+    def prepare(self, job, resume):
+        from klear.runs import prepare_run
+        from klear.sft.trainer import KlearSFTConfig
+
+        return prepare_run(
+            job.config,
+            source=job.source,
+            resume=resume,
+            config_cls=KlearSFTConfig,
+            trainer_defaults=SFT_TRAINER_DEFAULTS,
+        )
+
+    def load_data(self, job) -> None:
+        t0 = time.time()
+        job.train, job.heldout, job.extra["filter_stats"] = _build_datasets(job.recipe.data, job.setup.seed)
+        logger.info(
+            "data: %d SFT examples, %s held-out (%.1fs)",
+            len(job.train),
+            len(job.heldout) if job.heldout else 0,
+            time.time() - t0,
+        )
+
+    def build_trainer(self, job) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        from klear.callbacks import MetricsJsonlCallback
+        from klear.runs import cap_eval_batch_size, check_prompt_context, eval_settings, is_main_process
+        from klear.sft.trainer import KlearSFTTrainer
+
+        setup, recipe, out = job.setup, job.recipe, job.setup.out
+        if is_main_process() and recipe.data.train == "teacher":  # generated data: keep it (a file already is one)
+            job.train.to_json(str(out / "sft_data.jsonl"), lines=True, force_ascii=False)
+        torch.manual_seed(setup.seed)
+        tokenizer = job.tokenizer = AutoTokenizer.from_pretrained(setup.model_path)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        job.trainer = KlearSFTTrainer(
+            model=setup.model_path,
+            args=setup.args,
+            train_dataset=job.train,
+            processing_class=tokenizer,
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+        )
+        assert recipe.eval.max_new_tokens is not None  # SFTEvalSection.check
+        eval_cfg = eval_settings(
+            job.config,
+            max_new_tokens=recipe.eval.max_new_tokens,
+            batch_size=recipe.eval.batch_size,
+            seed=setup.seed,
+        )
+        job.do_eval = job.heldout is not None and eval_cfg["enabled"]
+        if job.do_eval:
+            heldout_longest = check_prompt_context(
+                tokenizer,
+                job.heldout,
+                budget=int(eval_cfg["max_new_tokens"]),
+                budget_name="eval.max_new_tokens",
+                context=setup.context,
+                where=f"data.heldout={recipe.data.heldout}",
+            )
+            tokens = heldout_longest + int(eval_cfg["max_new_tokens"])
+            eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=tokens)
+        job.eval_cfg = eval_cfg
+        job.model = job.trainer.accelerator.unwrap_model(job.trainer.model)
+
+    def evaluate(self, job, path, *, reuse: bool) -> dict[str, Any]:
+        return _heldout_eval(
+            job.model, job.tokenizer, job.heldout, job.eval_cfg, path, reuse=reuse, trainer=job.trainer
+        )
+
+    def before_training(self, job, before) -> None:
+        from klear.runs import is_main_process
+
+        if before is None:
+            return
+        if is_main_process():
+            print(
+                f"held-out before SFT: accuracy {before['accuracy']:.3f}, format compliance "
+                f"{before['format_rate']:.3f} (n={before['n']})",
+                flush=True,
+            )
+        job.model.train()
+
+    def report(self, job, before, after) -> dict[str, Any]:
+        from klear.runs import eval_fields
+        from klear.stats import paired_difference
+
+        report: dict[str, Any] = {
+            "model": str(job.config["model"]),
+            "steps": job.trainer.state.global_step,
+            "train_examples": len(job.train),
+        }
+        if job.extra["filter_stats"] is not None:
+            report["filter"] = job.extra["filter_stats"]
+        if before is not None and after is not None:
+            report["accuracy"] = paired_difference(before["correct"], after["correct"])
+            report["format"] = paired_difference(before["format_ok"], after["format_ok"])
+            report["mean_completion_tokens"] = {
+                "before": before["mean_completion_tokens"],
+                "after": after["mean_completion_tokens"],
+            }
+            report.update(eval_fields(before, after))
+        return report
+
+    def report_text(self, report: dict[str, Any]) -> str:
+        return format_report(report)
+
+    def finished(self, job) -> None:
+        from klear.runs import is_main_process
+
+        if is_main_process():
+            out = job.setup.out
+            print(f"SFT model: {out / 'final'}  (continue with: klear rl model={out / 'final'} ...)", flush=True)
+
+
 def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:
-    """Run the SFT job described by ``config`` (see the module docstring). Returns the ``eval.json`` content.
+    """Run the SFT job described by ``config`` (see the module docstring) through :func:`klear.runs.run_job`.
+    Returns the ``eval.json`` content.
 
     Args:
         config: the recipe (already merged with overrides).
@@ -208,105 +339,9 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
         :func:`klear.stats.paired_difference` results (when a held-out set is evaluated).
 
     Raises:
-        ValueError: an invalid recipe (see :func:`validate_sft_config`) or dataset.
+        ValueError: an invalid recipe (see :func:`build_sft_recipe`) or dataset.
         FileNotFoundError: ``resume`` was asked but there is no checkpoint, or a data file is missing.
     """
-    recipe = build_sft_recipe(config, source)
-    import torch
-    from transformers import AutoTokenizer
+    from klear.runs import run_job
 
-    from klear.callbacks import MetricsJsonlCallback
-    from klear.runs import (
-        cap_eval_batch_size,
-        check_prompt_context,
-        eval_fields,
-        eval_settings,
-        finish_run,
-        is_main_process,
-        prepare_run,
-        start_run,
-    )
-    from klear.sft.trainer import KlearSFTConfig, KlearSFTTrainer
-    from klear.stats import paired_difference
-    from klear.utils.plotting import SFT_PANELS
-
-    setup = prepare_run(
-        config, source=source, resume=resume, config_cls=KlearSFTConfig, trainer_defaults=SFT_TRAINER_DEFAULTS
-    )
-    out, seed = setup.out, setup.seed
-    t0 = time.time()
-    train, heldout, filter_stats = _build_datasets(recipe.data, seed)
-    logger.info(
-        "data: %d SFT examples, %s held-out (%.1fs)", len(train), len(heldout) if heldout else 0, time.time() - t0
-    )
-    run_dir = start_run(out, config, setup.trainer_cfg, setup.precision, stage="sft", resumed=bool(setup.resume))
-    main = is_main_process()
-    with run_dir.removed_on_failure():  # a run that fails before training leaves no directory behind
-        if main and config["data"]["train"] == "teacher":  # generated data: keep it (a file is already a file)
-            train.to_json(str(out / "sft_data.jsonl"), lines=True, force_ascii=False)
-        torch.manual_seed(seed)
-        tokenizer = AutoTokenizer.from_pretrained(setup.model_path)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        trainer = KlearSFTTrainer(
-            model=setup.model_path,
-            args=setup.args,
-            train_dataset=train,
-            processing_class=tokenizer,
-            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
-        )
-        eval_cfg = eval_settings(
-            config, max_new_tokens=recipe.eval.max_new_tokens or 512, batch_size=recipe.eval.batch_size, seed=seed
-        )
-        do_eval = heldout is not None and eval_cfg["enabled"]
-        if do_eval:
-            heldout_longest = check_prompt_context(
-                tokenizer,
-                heldout,
-                budget=int(eval_cfg["max_new_tokens"]),
-                budget_name="eval.max_new_tokens",
-                context=setup.context,
-                where=f"data.heldout={config['data'].get('heldout')}",
-            )
-            tokens = heldout_longest + int(eval_cfg["max_new_tokens"])
-            eval_cfg = cap_eval_batch_size(eval_cfg, setup, tokens=tokens)
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        before: dict[str, Any] | None = None
-        if do_eval:
-            before = _heldout_eval(
-                model, tokenizer, heldout, eval_cfg, out / "eval_before.json", reuse=bool(setup.resume), trainer=trainer
-            )
-            if main:
-                print(
-                    f"held-out before SFT: accuracy {before['accuracy']:.3f}, format compliance "
-                    f"{before['format_rate']:.3f} (n={before['n']})",
-                    flush=True,
-                )
-            model.train()
-
-    trainer.train(resume_from_checkpoint=setup.resume or None)
-    report: dict[str, Any] = {
-        "model": str(config["model"]),
-        "steps": trainer.state.global_step,
-        "train_examples": len(train),
-    }
-    if filter_stats is not None:
-        report["filter"] = filter_stats
-    if do_eval:
-        assert before is not None  # evaluated before training whenever do_eval
-        after = _heldout_eval(
-            model, tokenizer, heldout, eval_cfg, out / "eval_after.json", reuse=False, trainer=trainer
-        )
-        report["accuracy"] = paired_difference(before["correct"], after["correct"])
-        report["format"] = paired_difference(before["format_ok"], after["format_ok"])
-        report["mean_completion_tokens"] = {
-            "before": before["mean_completion_tokens"],
-            "after": after["mean_completion_tokens"],
-        }
-        report.update(eval_fields(before, after))
-    finish_run(
-        setup, trainer, tokenizer, report, report_text=format_report(report) if do_eval else None, panels=SFT_PANELS
-    )
-    if main:
-        print(f"SFT model: {out / 'final'}  (continue with: klear rl model={out / 'final'} ...)", flush=True)
-    return report
+    return run_job(SFTStage(), config, source=source, resume=resume)
