@@ -1,4 +1,4 @@
-"""Command line: ``klear rl|sft|eval|data ...``.
+"""Command line: ``klear rl|sft|eval|data|experiment ...``; this module only dispatches.
 
 Each subcommand lives in its own module that exposes ``add_parser(subparsers)``; the
 parser it adds must ``set_defaults(func=handler)`` where ``handler(ns) -> int`` returns the
@@ -15,18 +15,12 @@ import sys
 
 # Modules that each add one subcommand with ``add_parser(subparsers)``.
 _SUBCOMMAND_MODULES: list[str] = [
+    "klear.rl.cli",  # (klear rl)
     "klear.sft.cli",  # (klear sft)
     "klear.eval.cli",  # (klear eval)
     "klear.data.cli",  # (klear data)
     "klear.experiment.cli",  # (klear experiment)
 ]
-
-
-def _rl(ns: argparse.Namespace) -> int:
-    from klear.rl.job import plan_rl, run_rl
-    from klear.runs import run_command
-
-    return run_command(ns, "rl", run_rl, plan_rl)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -38,21 +32,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from klear.runs import add_run_arguments
-
     parser = OneLineErrorParser(prog="klear", description="Klear-Reasoner post-training: GPPO RL and friends.")
     sub = parser.add_subparsers(dest="command", required=True)
-    rl = sub.add_parser(
-        "rl",
-        help="GPPO reinforcement learning (default recipe: the tiny CPU demo)",
-        description="Train with GPPO. Overrides use dotted keys, e.g. trainer.learning_rate=1e-6 data.train=x.jsonl",
-    )
-    add_run_arguments(
-        rl,
-        default_recipe="rl_demo",
-        recipes="rl_demo, rl_math_klear, rl_math_cegppo, rl_math_erc, rl_code_demo, rl_code_klear",
-    )
-    rl.set_defaults(func=_rl)
     for module_name in _SUBCOMMAND_MODULES:
         importlib.import_module(module_name).add_parser(sub)
     return parser
