@@ -560,55 +560,52 @@ class HFBackend:
     ) -> list[Completion]:
         """Generate one completion per request, returned in request order.
 
-        Requests are batched ``batch_size`` at a time (on CUDA at most what fits, :meth:`fitting_batch_size`)
-        in order of prompt length (less padding);
-        per-sample seeds make the result independent of the batching. ``progress`` (optional)
+        Requests are batched ``batch_size`` at a time (on CUDA at most what fits, :meth:`fitting_batch_size`) in
+        order of prompt length by :func:`klear.generation.hf.generate_token_ids` (the held-out evaluator's loop
+        too); per-sample seeds make the result independent of the batching. ``progress`` (optional)
         is called with the number of samples finished after each batch.
         """
-        import torch
         from transformers import GenerationConfig
 
-        texts_all = [render_prompt(self.tokenizer, r.messages) for r in requests]
-        lengths = [len(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts_all]
-        order = sorted(range(len(requests)), key=lambda i: (lengths[i], i))
-        results: list[Completion | None] = [None] * len(requests)
-        batch_size = self.fitting_batch_size(max(lengths, default=0) + int(sampling.max_tokens))
-        old_side = self.tokenizer.padding_side
-        try:
-            self.tokenizer.padding_side = "left"
-            for start in range(0, len(order), batch_size):
-                idx = order[start : start + batch_size]
-                batch = [requests[i] for i in idx]
-                texts = [texts_all[i] for i in idx]
-                enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-                gen_config = GenerationConfig(
-                    max_new_tokens=sampling.max_tokens,
-                    do_sample=False,
-                    num_beams=1,
-                    eos_token_id=self.eos_ids,
-                    pad_token_id=self.pad_id,
-                    temperature=None,
-                    top_p=None,
-                    top_k=None,
-                )
-                sampler = _make_sampler([r.seed for r in batch], sampling.temperature, sampling.top_p)
-                with torch.no_grad():
-                    out = self.model.generate(**enc, generation_config=gen_config, logits_processor=[sampler])
-                new = out[:, enc["input_ids"].shape[1] :].cpu().tolist()
-                eos = set(self.eos_ids)
-                for i, row in zip(idx, new):
-                    stop = next((j for j, t in enumerate(row) if t in eos), None)
-                    if stop is None:
-                        ids, n, reason = row, len(row), "length"
-                    else:
-                        ids, n, reason = row[:stop], stop + 1, "stop"
-                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                    results[i] = Completion(text=text, n_tokens=n, finish_reason=reason)
-                if progress is not None:
-                    progress(len(batch))
-        finally:
-            self.tokenizer.padding_side = old_side
-        return results  # type: ignore[return-value]
+        from klear.generation.hf import generate_token_ids
+
+        texts = [render_prompt(self.tokenizer, r.messages) for r in requests]
+        lengths = [len(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        gen_config = GenerationConfig(
+            max_new_tokens=sampling.max_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
+        new = generate_token_ids(
+            self.model,
+            self.tokenizer,
+            texts,
+            generation_config=gen_config,
+            batch_size=self.fitting_batch_size(max(lengths, default=0) + int(sampling.max_tokens)),
+            lengths=lengths,
+            # per-sample seeds: a sample does not depend on the batch it is drawn in
+            logits_processor=lambda idx: [
+                _make_sampler([requests[i].seed for i in idx], sampling.temperature, sampling.top_p)
+            ],
+            on_batch=progress,
+        )
+        eos = set(self.eos_ids)
+        results = []
+        for row in new:
+            stop = next((j for j, t in enumerate(row) if t in eos), None)
+            if stop is None:
+                ids, n, reason = row, len(row), "length"
+            else:
+                ids, n, reason = row[:stop], stop + 1, "stop"
+            results.append(
+                Completion(text=self.tokenizer.decode(ids, skip_special_tokens=True), n_tokens=n, finish_reason=reason)
+            )
+        return results
 
 
 # ----------------------------------------------------------------------------- vLLM backend

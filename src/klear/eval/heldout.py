@@ -235,7 +235,6 @@ def generate(
     The tokenizer's ``padding_side`` is restored afterwards (even on error); the model is
     left in eval mode only if it was already, i.e. its training flag is restored too.
     """
-    import torch
     from tqdm.auto import tqdm
 
     if batch_size < 1:
@@ -253,13 +252,9 @@ def generate(
     texts = [
         tokenizer.apply_chat_template(_as_messages(p), tokenize=False, add_generation_prompt=True) for p in prompts
     ]
-    # The rendered template already holds the special tokens (<|im_start|> ...).
-    lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-    order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
-
     import copy
 
-    from klear.generation.prefill import grouped_prefill_generate
+    from klear.generation.hf import generate_token_ids
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     config = copy.deepcopy(model.generation_config)
@@ -271,36 +266,17 @@ def generate(
         top_p=top_p,
         top_k=0,
     )
-
-    results: list[str | None] = [None] * len(texts)
-    old_side = tokenizer.padding_side
-    was_training = model.training
-    device = next(model.parameters()).device
-    try:
-        tokenizer.padding_side = "left"
-        model.eval()
-        batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-        with torch.no_grad():
-            for idx in tqdm(batches, desc="generate", disable=not show_progress):
-                enc = tokenizer(
-                    [texts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False
-                ).to(device)
-                out = grouped_prefill_generate(
-                    model,
-                    model.generate,
-                    enc["input_ids"],
-                    enc["attention_mask"],
-                    group_size=group_size,
-                    generation_config=config,
-                )
-                new_tokens = out[:, enc["input_ids"].shape[1] :]
-                decoded = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-                for i, text in zip(idx, decoded):
-                    results[i] = text
-    finally:
-        tokenizer.padding_side = old_side
-        model.train(was_training)
-    return results  # type: ignore[return-value]
+    with tqdm(total=len(texts), desc="generate", unit="seq", disable=not show_progress) as bar:
+        ids = generate_token_ids(
+            model,
+            tokenizer,
+            texts,
+            generation_config=config,
+            batch_size=batch_size,
+            group_size=group_size,
+            on_batch=bar.update,
+        )
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
 def _default_scorer() -> Scorer:
