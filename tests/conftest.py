@@ -1,5 +1,6 @@
 """Shared fixtures: the embedded model's converted checkpoint (converted once per machine) and tiny models; helpers
-for data files, a reward that varies within a group, and a probe of resumed training runs."""
+for data files, rows, recipes, experiment files, command lines and model configs, a bare GPPOTrainer, a reward that
+varies within a group, and a probe of resumed training runs."""
 
 from __future__ import annotations
 
@@ -104,6 +105,133 @@ def math_rows(n: int, start: int = 0) -> list[dict]:
         }
         for i in range(start, start + n)
     ]
+
+
+# The files every finished `klear rl` / `klear sft` run writes in its output directory.
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "eval_before.json",
+    "eval_after.json",
+    "eval.json",
+    "training_curves.png",
+    "final/config.json",
+)
+
+
+def rl_recipe(tmp_path: Path, ckpt: Path, *, eval_settings: dict, n_heldout: int = 4, **trainer) -> dict:
+    """A ``klear rl`` recipe for the tiny checkpoint ``ckpt``: :func:`math_rows` written to ``tmp_path`` (8 training
+    problems in train.jsonl, ``n_heldout`` held-out ones from 100 in heldout.jsonl), output in ``tmp_path / "run"``,
+    seed 0, groups of 2 completions of 4 tokens, 2 rows per device and no accumulation; ``trainer`` adds or replaces
+    trainer settings."""
+    train = write_jsonl(tmp_path / "train.jsonl", math_rows(8))
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", math_rows(n_heldout, start=100))
+    return {
+        "model": str(ckpt),
+        "output_dir": str(tmp_path / "run"),
+        "seed": 0,
+        "data": {"train": str(train), "heldout": str(heldout)},
+        "eval": eval_settings,
+        "trainer": {
+            "num_generations": 2,
+            "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 1,
+            "max_completion_length": 4,
+            **trainer,
+        },
+    }
+
+
+def sft_row(resp: str, gt: str, difficulty: str | None = None, pass_rate: float | None = None) -> dict:
+    """One SFT row (prompt "q", ``resp`` as the assistant's completion) with its ground truth and difficulty."""
+    return {
+        "prompt": [{"role": "user", "content": "q"}],
+        "completion": [{"role": "assistant", "content": resp}],
+        "data_source": "math",
+        "ground_truth": gt,
+        "difficulty": difficulty,
+        "pass_rate": pass_rate,
+    }
+
+
+def cpu_gppo_config(output_dir: Path, **kw):
+    """A GPPOConfig for a run on CPU writing to ``output_dir``: seed 0, metrics logged every step, no checkpoints,
+    no report backend; ``kw`` sets the rest."""
+    from klear.rl.trainer import GPPOConfig
+
+    common = dict(use_cpu=True, seed=0, logging_steps=1, save_strategy="no", report_to=[])
+    return GPPOConfig(output_dir=str(output_dir), **{**common, **kw})
+
+
+def bare_gppo_trainer(args, accelerator):
+    """A GPPOTrainer without model or data: only what the counting, slicing, loss, timing and metric methods read."""
+    from collections import defaultdict
+
+    import torch
+
+    from klear.rl.trainer import GPPOTrainer
+
+    trainer = GPPOTrainer.__new__(GPPOTrainer)
+    trainer.args = args
+    trainer.accelerator = accelerator
+    trainer.model = torch.nn.Module()  # .training: True
+    trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    return trainer
+
+
+def assert_error_names_file_and_line(read, path: Path, content: str, needle: str) -> None:
+    """``read(path)`` of a file holding ``content`` raises a ValueError whose message holds ``str(path) + needle``."""
+    path.write_text(content)
+    with pytest.raises(ValueError) as e:
+        read(path)
+    assert str(path) + needle in str(e.value)
+
+
+def small_llama_config(**kw):
+    """A one-layer Llama config (32 dims, 2 heads, vocab 32) with Qwen-like 32K context and rope_theta 1e6; ``kw``
+    replaces fields."""
+    from transformers import LlamaConfig
+
+    shape = dict(vocab_size=32, hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+    return LlamaConfig(**{**shape, "max_position_embeddings": 32768, "rope_theta": 1e6, **kw})
+
+
+def decoder_config(cls, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, **kw):
+    """A transformers decoder config of class ``cls`` (no weights) by its shape, in this order: vocabulary size,
+    hidden size, layers, attention heads, key/value heads, MLP (intermediate) size; ``kw`` sets other fields."""
+    return cls(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=mlp,
+        **kw,
+    )
+
+
+def eval_argv(model, benchmark, output, options: str = "") -> list[str]:
+    """The ``klear eval`` command line of ``model`` on ``benchmark`` writing to ``output``, with ``options`` (words
+    split at white space) in between."""
+    return ["eval", "--model", str(model), "--benchmark", str(benchmark), *options.split(), "--output", str(output)]
+
+
+def pass_at_k_argv(inp, out, samples, *options: str) -> list[str]:
+    """The ``klear data filter pass-at-k`` command line from ``inp`` to ``out`` with the ``samples`` file, rows keyed
+    by ``extra_info.index``, no progress bar, then ``options``."""
+    command = ["data", "filter", "pass-at-k", str(inp), str(out), "--samples", str(samples)]
+    return [*command, "--id-field", "extra_info.index", "--no-progress", *options]
+
+
+def write_experiment(path: Path, description: str, base: str, arms: dict, output_dir: Path, **more) -> Path:
+    """Write a ``klear experiment`` file to ``path`` (the experiment is named after its stem): ``arms`` on the recipe
+    ``base``, seeds 0 and 1, the arm ``gppo`` the reference; ``more`` adds fields (``overrides``)."""
+    import yaml
+
+    spec = {"name": path.stem, "description": description, "base": base, "reference": "gppo", "seeds": [0, 1]}
+    spec.update(more, arms=arms, output_dir=str(output_dir))
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
 
 
 def varied_reward(prompts, completions, **columns) -> list[float]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import shared_file
+from conftest import pass_at_k_argv, shared_file
 from klear.cli import main
 from klear.config import apply_overrides, load_config, parse_override
 
@@ -116,23 +116,11 @@ def test_pass_at_k_larger_than_every_sample_count_is_refused(tmp_path, capsys):
     inp = _jsonl(tmp_path / "rl.jsonl", rows)
     samples = _jsonl(tmp_path / "s.jsonl", [{"problem_id": i, "score": 1.0} for i in range(3) for _ in range(4)])
     out = tmp_path / "o.jsonl"
-    base = [
-        "data",
-        "filter",
-        "pass-at-k",
-        str(inp),
-        str(out),
-        "--samples",
-        str(samples),
-        "--id-field",
-        "extra_info.index",
-        "--no-progress",
-    ]
-    assert main([*base, "--k", "16"]) == 2
+    assert main(pass_at_k_argv(inp, out, samples, "--k", "16")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--k 16 is larger than the samples of every problem (at most 4" in err[0], err
     assert not out.exists()
-    assert main([*base, "--k", "4"]) == 0  # k = n: pass@4 = 1.0 for every problem
+    assert main(pass_at_k_argv(inp, out, samples, "--k", "4")) == 0  # k = n: pass@4 = 1.0 for every problem
     assert len(out.read_text().splitlines()) == 3
 
 

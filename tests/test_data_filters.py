@@ -6,6 +6,7 @@ from math import comb
 
 import pytest
 
+from conftest import pass_at_k_argv
 from klear.cli import main
 from klear.data import filters as F
 
@@ -294,23 +295,7 @@ def test_cli_filters(tmp_path, capsys):
     assert main(["data", "filter", "min-tests", str(inp), str(out), "--min", "1", "--no-progress"]) == 0
     assert "3 rows in, 3 rows out, 0 removed" in capsys.readouterr().out
     smp = write_jsonl(tmp_path / "s.jsonl", samples_for(1, 16, 16) + samples_for(2, 16, 0))
-    assert (
-        main(
-            [
-                "data",
-                "filter",
-                "pass-at-k",
-                str(inp),
-                str(out),
-                "--samples",
-                str(smp),
-                "--id-field",
-                "extra_info.index",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert main(pass_at_k_argv(inp, out, smp)) == 0
     assert "3 rows in, 1 rows out, 2 removed (no_samples: 1, pass_at_k_too_low: 1)" in capsys.readouterr().out
     assert main(["data", "filter", "pass-at-k", str(inp), str(out), "--samples", str(smp), "--k", "0"]) == 2
     assert "k must be an integer >= 1" in capsys.readouterr().err

@@ -6,8 +6,9 @@ import json
 
 import pytest
 import torch
-from transformers import AutoConfig, LlamaConfig
+from transformers import AutoConfig
 
+from conftest import small_llama_config
 from klear.cli import main
 from klear.eval.backends import (
     GenerationRequest,
@@ -22,18 +23,7 @@ from klear.eval.backends import (
 from klear.eval.benchmarks import load_benchmark
 from klear.eval.harness import read_samples, run_eval
 
-
-def cfg(**kw):
-    base = dict(
-        vocab_size=32,
-        hidden_size=32,
-        num_attention_heads=2,
-        num_hidden_layers=1,
-        max_position_embeddings=32768,
-        rope_theta=1e6,
-    )
-    base.update(kw)
-    return LlamaConfig(**base)
+cfg = small_llama_config
 
 
 # ------------------------------------------------------------------------------- rope plan

@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from conftest import shared_file
+from conftest import assert_error_names_file_and_line, shared_file
 from klear.eval.benchmarks import (
     DEFAULT_MATH_TEMPLATE,
     decode_lcb_tests,
@@ -155,11 +155,7 @@ def test_default_template_is_the_r1_wording():
     ],
 )
 def test_malformed_benchmark_lines_name_file_and_line(tmp_path, content, needle):
-    f = tmp_path / "bad.jsonl"
-    f.write_text(content)
-    with pytest.raises(ValueError) as e:
-        load_benchmark(str(f))
-    assert str(f) + needle in str(e.value)
+    assert_error_names_file_and_line(lambda f: load_benchmark(str(f)), tmp_path / "bad.jsonl", content, needle)
 
 
 def test_gzip_and_json_array_files(tmp_path):

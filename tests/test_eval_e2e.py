@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import shared_file
+from conftest import eval_argv, shared_file
 from klear.cli import main
 
 
@@ -14,25 +14,7 @@ from klear.cli import main
 def test_embedded_model_aime24_n2(tmp_path, embedded_path):
     aime = shared_file("math", "aime24.qs.jsonl")
     out = tmp_path / "aime24"
-    args = [
-        "eval",
-        "--model",
-        "embedded",
-        "--benchmark",
-        str(aime),
-        "--n",
-        "2",
-        "--max-tokens",
-        "48",
-        "--backend",
-        "hf",
-        "--no-progress",
-        "--maj",
-        "--cpu-threads",
-        "1",
-        "--output",
-        str(out),
-    ]
+    args = eval_argv("embedded", aime, out, "--n 2 --max-tokens 48 --backend hf --no-progress --maj --cpu-threads 1")
     assert main(args) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["n"] == 2 and s["n_problems"] == 30 and s["n_samples"] == 60

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from conftest import assert_error_names_file_and_line, eval_argv
 from klear.cli import main
 from klear.eval.backends import Completion, SamplingSettings
 from klear.eval.benchmarks import load_benchmark
@@ -183,11 +184,8 @@ def test_interval_golds_are_one_answer_in_eval(tmp_path):
     ],
 )
 def test_malformed_sample_lines_name_file_and_line(tmp_path, content, needle):
-    f = tmp_path / "samples.in.jsonl"
-    f.write_text(content)
-    with pytest.raises(ValueError) as e:
-        judge_only(f, tmp_path / "o")
-    assert str(f) + needle in str(e.value)
+    samples = tmp_path / "samples.in.jsonl"
+    assert_error_names_file_and_line(lambda f: judge_only(f, tmp_path / "o"), samples, content, needle)
 
 
 # ------------------------------------------------------------------------------------ run_eval
@@ -310,24 +308,7 @@ def test_cli_user_errors_exit_2(tmp_path, capsys):
     bench = _jsonl(tmp_path / "b.jsonl", [{"problem": "1+1?", "answer": "2"}])
     assert main(["eval", "--model", "embedded", "--benchmark", "aime25", "--output", str(tmp_path / "o")]) == 2
     assert "nothing can be downloaded" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "eval",
-                "--model",
-                "x",
-                "--benchmark",
-                str(bench),
-                "--n",
-                "2",
-                "--k",
-                "1,4",
-                "--output",
-                str(tmp_path / "o"),
-            ]
-        )
-        == 2
-    )
+    assert main(eval_argv("x", bench, tmp_path / "o", "--n 2 --k 1,4")) == 2
     assert "k <= n" in capsys.readouterr().err
     assert main(["eval", "--benchmark", str(bench), "--output", str(tmp_path / "o")]) == 2
 

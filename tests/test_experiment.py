@@ -15,7 +15,7 @@ import torch
 import yaml
 from transformers import TrainerCallback
 
-from conftest import math_rows, varied_reward, write_jsonl
+from conftest import rl_recipe, varied_reward, write_experiment
 from klear.experiment import EXPERIMENT_DIR, load_experiment, plan_runs, run_experiment
 from klear.rl.job import run_rl, validate_job_config
 from klear.rl.trl_peer import TRLPeerConfig, TRLPeerTrainer, peer_trainer_section
@@ -25,43 +25,27 @@ Z_975 = 1.959963984540054
 
 
 def _base(tmp_path, ckpt):
-    train = write_jsonl(tmp_path / "train.jsonl", math_rows(8))
-    heldout = write_jsonl(tmp_path / "heldout.jsonl", math_rows(4, start=100))
-    return {
-        "model": str(ckpt),
-        "output_dir": "unused",
-        "seed": 0,
-        "data": {"train": str(train), "heldout": str(heldout)},
-        "eval": {"max_new_tokens": 4, "batch_size": 8, "n_samples": 2, "temperature": 1.0, "every_steps": 1},
-        "trainer": {
-            "num_generations": 2,
-            "per_device_train_batch_size": 2,
-            "gradient_accumulation_steps": 1,
-            "steps_per_generation": 2,
-            "max_completion_length": 4,
-            "max_steps": 2,
-            "learning_rate": 1e-4,
-            "save_steps": 1,
-            "temperature": 1.0,
-            "loss_mode": "gppo",
-        },
-    }
+    base = rl_recipe(
+        tmp_path,
+        ckpt,
+        eval_settings={"max_new_tokens": 4, "batch_size": 8, "n_samples": 2, "temperature": 1.0, "every_steps": 1},
+        steps_per_generation=2,
+        max_steps=2,
+        learning_rate=1e-4,
+        save_steps=1,
+        temperature=1.0,
+        loss_mode="gppo",
+    )
+    return {**base, "output_dir": "unused"}
 
 
 def _experiment(tmp_path, ckpt):
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(_base(tmp_path, ckpt)))
-    spec = {
-        "name": "tiny",
-        "description": "two arms",
-        "base": "base.yaml",
-        "reference": "gppo",
-        "seeds": [0, 1],
-        "overrides": {"trainer.report_to": []},
-        "arms": {"gppo": {}, "clip": {"trainer.loss_mode": "ppo_clip", "trainer.clip_ratio_c": None}},
-        "output_dir": str(tmp_path / "exp"),
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    arms = {"gppo": {}, "clip": {"trainer.loss_mode": "ppo_clip", "trainer.clip_ratio_c": None}}
+    overrides = {"trainer.report_to": []}
+    path = write_experiment(
+        tmp_path / "tiny.yaml", "two arms", "base.yaml", arms, tmp_path / "exp", overrides=overrides
+    )
     return load_experiment(path)
 
 
@@ -326,6 +310,24 @@ def test_peer_settings_mapped_or_refused():
         TRLPeerConfig(output_dir="/tmp/x", adv_std="pop", use_cpu=True)
 
 
+def _table_reward(table: dict[str, list[float]], seen: list | None = None):
+    """A reward function giving the k-th completion of prompt ``pid`` (in call order) ``table[pid][k % len]``;
+    each (prompt id, reward) is appended to ``seen`` when given."""
+    counters: dict[str, int] = {}
+
+    def reward(prompts, completions, prompt_id, **kw):
+        out = []
+        for pid in prompt_id:
+            i = counters.get(pid, 0)
+            counters[pid] = i + 1
+            out.append(table[pid][i % len(table[pid])])
+            if seen is not None:
+                seen.append((pid, out[-1]))
+        return out
+
+    return reward
+
+
 @pytest.mark.parametrize("adv_std", ["sample", "population"])
 def test_peer_advantages_are_trls_and_the_population_switch_gives_eq4(tmp_path, tiny_model, adv_std):
     """TRL's own rollout code computes the advantages (a real TRLPeerTrainer step); checked per row against float64
@@ -336,17 +338,8 @@ def test_peer_advantages_are_trls_and_the_population_switch_gives_eq4(tmp_path, 
 
     model, tok = tiny_model
     table = {"p0": [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0], "p1": [1.0, -1.0, 0.5, 0.5, 0.0, 1.0, -1.0, 0.25]}
-    counters: dict[str, int] = {}
     seen: list[tuple[str, float]] = []  # (prompt id, reward) of each row, in the rollout's order
-
-    def reward(prompts, completions, prompt_id, **kw):
-        out = []
-        for pid in prompt_id:
-            i = counters.get(pid, 0)
-            counters[pid] = i + 1
-            out.append(table[pid][i % 8])
-            seen.append((pid, out[-1]))
-        return out
+    reward = _table_reward(table, seen)
 
     ds = Dataset.from_list([{"prompt": f"{i} + {i} =", "prompt_id": f"p{i}"} for i in range(2)])
     args = _one_step_peer_args(tmp_path, group=8, steps_per_generation=2, adv_std=adv_std)
@@ -392,15 +385,7 @@ def test_peer_handles_unscored_rewards_as_trl_does_and_population_std_counts_sco
     model, tok = tiny_model
     nan = float("nan")
     table = {"p0": [1.0, -1.0, nan, 1.0], "p1": [1.0, -1.0, -1.0, 0.5], "p2": [nan, nan, nan, 1.0]}
-    counters: dict[str, int] = {}
-
-    def reward(prompts, completions, prompt_id, **kw):
-        out = []
-        for pid in prompt_id:
-            i = counters.get(pid, 0)
-            counters[pid] = i + 1
-            out.append(table[pid][i % 4])
-        return out
+    reward = _table_reward(table)
 
     ds = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "prompt_id": f"p{i}"} for i in range(3)]

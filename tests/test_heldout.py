@@ -200,39 +200,31 @@ def test_evaluate_sampled_avg_at_n(tiny):
     def scorer(data_sources, solution_strs, ground_truths, extra_infos=None):
         return [1.0 if len(s) % 2 == 0 else -1.0 for s in solution_strs]
 
+    def sample():
+        return evaluate(
+            model,
+            tok,
+            rows,
+            max_new_tokens=5,
+            batch_size=4,
+            scorer=scorer,
+            n_samples=4,
+            temperature=1.0,
+            seed=7,
+            show_progress=False,
+        )
+
     torch.manual_seed(123)
     expected_next = torch.rand(3)
     torch.manual_seed(123)
-    res = evaluate(
-        model,
-        tok,
-        rows,
-        max_new_tokens=5,
-        batch_size=4,
-        scorer=scorer,
-        n_samples=4,
-        temperature=1.0,
-        seed=7,
-        show_progress=False,
-    )
+    res = sample()
     assert torch.equal(torch.rand(3), expected_next)  # sampling used its own generator
     assert res["n"] == 3 and res["samples_per_problem"] == 4 and len(res["completions"]) == 12
     hits = [r == 1.0 for r in res["rewards"]]
     assert res["correct"] == [sum(hits[i * 4 : (i + 1) * 4]) / 4 for i in range(3)]
     assert res["accuracy"] == pytest.approx(sum(hits) / 12)
     assert len(set(res["completions"][:4])) > 1  # four different samples of problem 0
-    again = evaluate(
-        model,
-        tok,
-        rows,
-        max_new_tokens=5,
-        batch_size=4,
-        scorer=scorer,
-        n_samples=4,
-        temperature=1.0,
-        seed=7,
-        show_progress=False,
-    )
+    again = sample()
     assert again["completions"] == res["completions"]
     with pytest.raises(ValueError, match="must be > 0 to draw n_samples=2"):
         evaluate(model, tok, rows, max_new_tokens=5, scorer=scorer, n_samples=2)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import math_rows, write_jsonl
+from conftest import math_rows, rl_recipe
 
 
 @pytest.fixture()
@@ -28,27 +28,10 @@ def sharp_ckpt(tmp_path, tiny_model):
 
 
 def _rl_job(tmp_path, ckpt, **trainer):
-    train = write_jsonl(tmp_path / "train.jsonl", math_rows(8))
-    heldout = write_jsonl(tmp_path / "heldout.jsonl", math_rows(8, start=100))
-    return {
-        "model": str(ckpt),
-        "output_dir": str(tmp_path / "run"),
-        "seed": 0,
-        "data": {"train": str(train), "heldout": str(heldout)},
-        "eval": {"max_new_tokens": 12, "batch_size": 8},
-        "trainer": {
-            "num_generations": 2,
-            "per_device_train_batch_size": 2,
-            "gradient_accumulation_steps": 1,
-            "steps_per_generation": 1,
-            "max_completion_length": 4,
-            "max_steps": 1,
-            "learning_rate": 0.0,
-            "save_steps": 10,
-            "report_to": [],
-            **trainer,
-        },
-    }
+    defaults = {"steps_per_generation": 1, "max_steps": 1, "learning_rate": 0.0, "save_steps": 10, "report_to": []}
+    return rl_recipe(
+        tmp_path, ckpt, eval_settings={"max_new_tokens": 12, "batch_size": 8}, n_heldout=8, **{**defaults, **trainer}
+    )
 
 
 def test_rl_evaluates_before_and_after_in_the_training_precision(tmp_path, sharp_ckpt, monkeypatch):

@@ -8,10 +8,12 @@ import pytest
 import yaml
 
 from conftest import (
+    RUN_FILES,
     ResumeProbe,
     assert_same_final_weights,
     assert_same_training_state,
     math_rows,
+    rl_recipe,
     varied_reward,
     write_jsonl,
 )
@@ -21,43 +23,20 @@ from klear.rl.job import run_rl, validate_job_config
 
 
 def _job(tmp_path, ckpt, **trainer):
-    train = write_jsonl(tmp_path / "train.jsonl", math_rows(8))
-    heldout = write_jsonl(tmp_path / "heldout.jsonl", math_rows(4, start=100))
-    cfg = {
-        "model": str(ckpt),
-        "output_dir": str(tmp_path / "run"),
-        "seed": 0,
-        "data": {"train": str(train), "heldout": str(heldout)},
-        "eval": {"max_new_tokens": 4, "batch_size": 4},
-        "trainer": {
-            "num_generations": 2,
-            "per_device_train_batch_size": 2,
-            "gradient_accumulation_steps": 1,
-            "steps_per_generation": 2,
-            "max_completion_length": 4,
-            "max_steps": 2,
-            "learning_rate": 1e-4,
-            "save_steps": 1,
-            "report_to": ["tensorboard"],
-            **trainer,
-        },
-    }
-    return cfg
+    defaults = {"steps_per_generation": 2, "max_steps": 2, "learning_rate": 1e-4, "save_steps": 1}
+    return rl_recipe(
+        tmp_path,
+        ckpt,
+        eval_settings={"max_new_tokens": 4, "batch_size": 4},
+        **{**defaults, "report_to": ["tensorboard"], **trainer},
+    )
 
 
 def test_job_outputs_and_resume(tmp_path, tiny_ckpt, monkeypatch):
     cfg = _job(tmp_path, tiny_ckpt)
     report = run_rl(cfg)
     run = tmp_path / "run"
-    for name in (
-        "config.yaml",
-        "metrics.jsonl",
-        "eval_before.json",
-        "eval_after.json",
-        "eval.json",
-        "training_curves.png",
-        "final/config.json",
-    ):
+    for name in RUN_FILES:
         assert (run / name).exists(), name
     assert list((run / "tensorboard").glob("**/events.out.tfevents.*"))
     assert sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]

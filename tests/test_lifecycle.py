@@ -60,6 +60,18 @@ def _recipe(tmp_path, ckpt, stage, **trainer):
     return path, out
 
 
+def _fail_at_step_2(monkeypatch, method: str, error: BaseException) -> None:
+    """``transformers.Trainer.<method>`` (a part of a checkpoint save) raises ``error`` when saving step 2."""
+    real = getattr(transformers.Trainer, method)
+
+    def failing_at_step_2(self, output_dir):
+        if self.state.global_step == 2:
+            raise error
+        return real(self, output_dir)
+
+    monkeypatch.setattr(transformers.Trainer, method, failing_at_step_2)
+
+
 def _steps(out):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["step"] for r in rows if "loss" in r or "klear/policy_loss" in r]
@@ -96,15 +108,8 @@ def test_complete_checkpoints_by_marker_and_legacy(tmp_path):
 @pytest.mark.parametrize("stage", ["rl", "sft"])
 def test_resume_skips_a_checkpoint_killed_mid_save(tmp_path, tiny_ckpt, monkeypatch, capsys, stage):
     recipe, out = _recipe(tmp_path, tiny_ckpt, stage)
-    real = transformers.Trainer._save_rng_state
-
-    def killed_at_step_2(self, output_dir):
-        if self.state.global_step == 2:
-            # the process dies after the weights and optimizer, before trainer_state.json
-            raise KeyboardInterrupt("simulated kill mid-save")
-        return real(self, output_dir)
-
-    monkeypatch.setattr(transformers.Trainer, "_save_rng_state", killed_at_step_2)
+    # the process dies after the weights and optimizer, before trainer_state.json
+    _fail_at_step_2(monkeypatch, "_save_rng_state", KeyboardInterrupt("simulated kill mid-save"))
     with pytest.raises(KeyboardInterrupt, match="simulated kill mid-save"):
         main([stage, "--config", str(recipe)])
     partial = out / "checkpoints" / "checkpoint-2"
@@ -150,14 +155,7 @@ def test_resume_from_an_incomplete_checkpoint_is_refused(tmp_path, tiny_ckpt, ca
 @pytest.mark.parametrize("stage", ["rl", "sft"])
 def test_disk_full_during_a_checkpoint_save_is_one_line(tmp_path, tiny_ckpt, monkeypatch, capsys, stage):
     recipe, out = _recipe(tmp_path, tiny_ckpt, stage)
-    real = transformers.Trainer._save_optimizer_and_scheduler
-
-    def disk_full_at_step_2(self, output_dir):
-        if self.state.global_step == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, output_dir)
-
-    monkeypatch.setattr(transformers.Trainer, "_save_optimizer_and_scheduler", disk_full_at_step_2)
+    _fail_at_step_2(monkeypatch, "_save_optimizer_and_scheduler", OSError(errno.ENOSPC, "No space left on device"))
     assert main([stage, "--config", str(recipe)]) == 2
     err = _error_line(capsys, stage)
     assert f"checkpoint {out / 'checkpoints' / 'checkpoint-2'}: saving step 2 failed" in err, err

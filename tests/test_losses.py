@@ -412,13 +412,19 @@ def test_extreme_unmasked_log_ratio_is_finite():
 # --------------------------------------------------------------------------- metrics
 
 
-def test_clip_fractions_only_count_taken_branch():
+def _clip_category_tokens():
+    """Seven tokens, one per clip category (ratio r, advantage a, old and new log-probs, mask):
+    r=2,A<0 (not high) | r=.5,A>0 (not low) | high | low | inside | dual | MASKED."""
     r = torch.tensor([2.0, 0.5, 2.0, 0.5, 1.0, 20.0, 1.1], dtype=F64)
     a = torch.tensor([-1.0, 1.0, 1.0, -1.0, 1.0, -1.0, 99.0], dtype=F64)
-    # tokens: r=2,A<0 (not high) | r=.5,A>0 (not low) | high | low | inside | dual | MASKED
     old = torch.full((7, 1), -1.0, dtype=F64)
     lp = old + torch.log(r)[:, None]
     mask = torch.tensor([[1], [1], [1], [1], [1], [1], [0]])
+    return r, a, old, lp, mask
+
+
+def test_clip_fractions_only_count_taken_branch():
+    r, a, old, lp, mask = _clip_category_tokens()
     for mode in ("ppo_clip", "gppo", "gppo_only_high"):
         _, m = policy_loss(lp, old, a, mask, loss_mode=mode, clip_ratio_c=C)
         assert m["clip_frac_high"].item() == pytest.approx(1 / 6)
@@ -505,41 +511,33 @@ def test_policy_loss_errors():
             kw.pop("log_prob"), kw.pop("old_log_prob"), kw.pop("advantages"), kw.pop("response_mask"), **kw
         )
 
-    with pytest.raises(ValueError, match=r"old_log_prob.*\(2, 3\).*\(2, 4\)"):
-        call(old_log_prob=torch.zeros(2, 4, dtype=F64))
-    with pytest.raises(ValueError, match=r"advantages.*\(3,\)"):
-        call(advantages=torch.zeros(3, dtype=F64))
-    with pytest.raises(ValueError, match=r"response_mask.*\(2, 3\).*\(3, 2\)"):
-        call(response_mask=torch.ones(3, 2))
-    with pytest.raises(ValueError, match=r"log_prob must have shape \(B, T\)"):
-        call(log_prob=lp.flatten(), old_log_prob=old.flatten(), response_mask=mask.flatten())
-    with pytest.raises(ValueError, match="0 and 1"):
-        call(response_mask=mask * 0.5)
-    with pytest.raises(ValueError, match="ppo_clip, gppo, gppo_only_high, cispo"):
-        call(loss_mode="grpo")
-    with pytest.raises(ValueError, match="token-mean, seq-mean-token-mean, seq-mean-token-sum"):
-        call(loss_agg_mode="seq-mean")
+    def refuses(match, **over):
+        with pytest.raises(ValueError, match=match):
+            call(**over)
+
+    refuses(r"old_log_prob.*\(2, 3\).*\(2, 4\)", old_log_prob=torch.zeros(2, 4, dtype=F64))
+    refuses(r"advantages.*\(3,\)", advantages=torch.zeros(3, dtype=F64))
+    refuses(r"response_mask.*\(2, 3\).*\(3, 2\)", response_mask=torch.ones(3, 2))
+    refuses(
+        r"log_prob must have shape \(B, T\)",
+        log_prob=lp.flatten(),
+        old_log_prob=old.flatten(),
+        response_mask=mask.flatten(),
+    )
+    refuses("0 and 1", response_mask=mask * 0.5)
+    refuses("ppo_clip, gppo, gppo_only_high, cispo", loss_mode="grpo")
+    refuses("token-mean, seq-mean-token-mean, seq-mean-token-sum", loss_agg_mode="seq-mean")
     for bad_c in (1.0, 0.5):
-        with pytest.raises(ValueError, match="clip_ratio_c"):
-            call(clip_ratio_c=bad_c)
-    with pytest.raises(ValueError, match="clip_ratio_low"):
-        call(clip_ratio_low=-0.1)
-    with pytest.raises(ValueError, match="clip_ratio_high"):
-        call(clip_ratio_high=-0.1)
-    with pytest.raises(ValueError, match="clip_ratio_low"):
-        call(clip_ratio_low=1.0)
-    with pytest.raises(ValueError, match="beta1"):
-        call(beta1=-0.5)
-    with pytest.raises(ValueError, match="beta1"):
-        call(loss_mode="ppo_clip", beta1=0.5)
-    with pytest.raises(ValueError, match="beta2"):
-        call(loss_mode="cispo", beta2=0.5)
-    with pytest.raises(ValueError, match="num_tokens"):
-        call(num_tokens=0)
-    with pytest.raises(ValueError, match="num_tokens"):
-        call(num_tokens=-3)
-    with pytest.raises(ValueError, match="num_tokens only applies"):
-        call(loss_agg_mode="seq-mean-token-mean", num_tokens=100)
+        refuses("clip_ratio_c", clip_ratio_c=bad_c)
+    refuses("clip_ratio_low", clip_ratio_low=-0.1)
+    refuses("clip_ratio_high", clip_ratio_high=-0.1)
+    refuses("clip_ratio_low", clip_ratio_low=1.0)
+    refuses("beta1", beta1=-0.5)
+    refuses("beta1", loss_mode="ppo_clip", beta1=0.5)
+    refuses("beta2", loss_mode="cispo", beta2=0.5)
+    refuses("num_tokens", num_tokens=0)
+    refuses("num_tokens", num_tokens=-3)
+    refuses("num_tokens only applies", loss_agg_mode="seq-mean-token-mean", num_tokens=100)
     with pytest.raises(TypeError, match="log_prob must be a floating-point tensor"):
         call(log_prob=torch.zeros(2, 3, dtype=torch.long))
 
@@ -1009,12 +1007,7 @@ def test_erc_needs_both_entropies_and_other_modes_ignore_them():
 
 def test_entropy_metrics_of_the_clip_categories():
     """With entropies, any mode reports the mean entropy and each clip category's share of it (CE-GPPO's view)."""
-    r = torch.tensor([2.0, 0.5, 2.0, 0.5, 1.0, 20.0, 1.1], dtype=F64)
-    a = torch.tensor([-1.0, 1.0, 1.0, -1.0, 1.0, -1.0, 99.0], dtype=F64)
-    # tokens: r=2,A<0 (not high) | r=.5,A>0 (not low) | high | low | inside | dual | MASKED
-    old = torch.full((7, 1), -1.0, dtype=F64)
-    lp = old + torch.log(r)[:, None]
-    mask = torch.tensor([[1], [1], [1], [1], [1], [1], [0]])
+    r, a, old, lp, mask = _clip_category_tokens()
     h = torch.tensor([[0.1], [0.2], [0.4], [0.8], [1.6], [3.2], [math.nan]], dtype=F64)
     for mode in ("ppo_clip", "gppo", "ppo_erc"):
         _, m = policy_loss(lp, old, a, mask, loss_mode=mode, clip_ratio_c=C, entropies=h, old_entropies=h)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
+from conftest import decoder_config
 from klear import memory
 
 GIB = 2**30
@@ -12,16 +13,9 @@ GIB = 2**30
 
 def qwen3_8b_config(max_position_embeddings: int = 32768) -> Qwen3Config:
     """Qwen3-8B(-Base)'s shapes (config.json on the hub), no weights."""
-    return Qwen3Config(
-        vocab_size=151936,
-        hidden_size=4096,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=12288,
-        tie_word_embeddings=False,
-        max_position_embeddings=max_position_embeddings,
+    context = dict(max_position_embeddings=max_position_embeddings)
+    return decoder_config(
+        Qwen3Config, 151936, 4096, 36, 32, 8, 12288, head_dim=128, tie_word_embeddings=False, **context
     )
 
 
@@ -38,38 +32,13 @@ def test_small_config_by_hand_and_against_transformers_on_meta():
     import torch
     from transformers import AutoModelForCausalLM
 
-    small = Qwen3Config(
-        vocab_size=100,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=24,
-        tie_word_embeddings=False,
-    )
+    small = decoder_config(Qwen3Config, 100, 16, 2, 4, 2, 24, head_dim=8, tie_word_embeddings=False)
     # q 16x32 + k,v 2 x 16x16 + o 32x16 = 1536; MLP 3 x 16 x 24 = 1152; norms 32 + 16 = 48 -> 2736 per layer
     assert memory.parameter_count(small) == 2 * 100 * 16 + 2 * 2736 + 16
     for config in (
         small,
-        Qwen2Config(
-            vocab_size=90,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=40,
-            tie_word_embeddings=True,
-        ),
-        LlamaConfig(
-            vocab_size=70,
-            hidden_size=24,
-            num_hidden_layers=3,
-            num_attention_heads=6,
-            num_key_value_heads=3,
-            intermediate_size=30,
-            tie_word_embeddings=False,
-        ),
+        decoder_config(Qwen2Config, 90, 32, 2, 4, 2, 40, tie_word_embeddings=True),
+        decoder_config(LlamaConfig, 70, 24, 3, 6, 3, 30, tie_word_embeddings=False),
     ):
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import decoder_config
 from klear import runs
 from klear.config import CONFIG_DIR, load_config
 from klear.precision import Precision
@@ -321,16 +322,10 @@ def test_gpu_experiments_fit_one_80gb_gpu_on_their_checkpoints_context(tmp_path,
 
     monkeypatch.setenv("KLEAR_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "qwen2.5-1.5b"
-    Qwen2Config(
-        hidden_size=1536,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        intermediate_size=8960,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ).save_pretrained(path)
+    config = decoder_config(
+        Qwen2Config, 151936, 1536, 28, 12, 2, 8960, tie_word_embeddings=True, max_position_embeddings=32768
+    )
+    config.save_pretrained(path)
     files = sorted(CONFIG_DIR.glob("experiments/*_gpu.yaml"))
     assert len(files) == 5
     for file in files:

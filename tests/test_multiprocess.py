@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import math_rows, write_jsonl
+from conftest import rl_recipe
 
 
 def _gloo_available() -> bool:
@@ -55,35 +55,26 @@ def _free_port() -> int:
 
 
 def _recipe(tmp_path: Path, ckpt: Path) -> Path:
-    train = write_jsonl(tmp_path / "train.jsonl", math_rows(8))
-    heldout = write_jsonl(tmp_path / "heldout.jsonl", math_rows(4, start=100))
-    recipe = {
-        "model": str(ckpt),
-        "output_dir": str(tmp_path / "run"),
-        "seed": 0,
-        "data": {"train": str(train), "heldout": str(heldout)},
+    # 2 rows per process and step (the 1-process run takes 4)
+    recipe = rl_recipe(
+        tmp_path,
+        ckpt,
         # sampled held-out evaluation in batches of one problem's 2 samples: 4 batches, 2 per process
-        "eval": {"max_new_tokens": 4, "batch_size": 2, "n_samples": 2, "temperature": 1.0},
-        "trainer": {
-            "num_generations": 2,
-            "per_device_train_batch_size": 2,  # per process; the 1-process run takes 4
-            "gradient_accumulation_steps": 1,
-            "steps_per_generation": 1,
-            "max_completion_length": 4,
-            "max_steps": 2,
-            "generation_kwargs": {"do_sample": False},
-            "correct_reward": -1.0,
-            "alpha": 1.0,
-            "filter_zero_adv_groups": False,
-            "optim": "sgd",
-            "learning_rate": 0.1,
-            "lr_scheduler_type": "constant",
-            "weight_decay": 0.0,
-            "max_grad_norm": 0.0,
-            "save_steps": 1,
-            "report_to": ["tensorboard"],
-        },
-    }
+        eval_settings={"max_new_tokens": 4, "batch_size": 2, "n_samples": 2, "temperature": 1.0},
+        steps_per_generation=1,
+        max_steps=2,
+        generation_kwargs={"do_sample": False},
+        correct_reward=-1.0,
+        alpha=1.0,
+        filter_zero_adv_groups=False,
+        optim="sgd",
+        learning_rate=0.1,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        save_steps=1,
+        report_to=["tensorboard"],
+    )
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path

@@ -2,8 +2,8 @@
 ``klear experiment`` before any arm runs, and by ``klear rl`` before any model or tokenizer loads."""
 
 import pytest
-import yaml
 
+from conftest import write_experiment
 from klear.cli import main
 
 BAD = [
@@ -37,17 +37,10 @@ def test_klear_experiment_refuses_a_bad_arm_before_any_arm_runs(
     tmp_path, capsys, monkeypatch, no_model, key, value, message
 ):
     monkeypatch.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("a run started"))
-    spec = {
-        "name": "bad_arm",
-        "description": "the second arm has a bad setting",
-        "base": "rl_demo",
-        "reference": "gppo",
-        "seeds": [0, 1],
-        "output_dir": str(tmp_path / "exp"),
-        "arms": {"gppo": {}, "bad": {key: value}},
-    }
-    path = tmp_path / "bad_arm.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    arms = {"gppo": {}, "bad": {key: value}}
+    path = write_experiment(
+        tmp_path / "bad_arm.yaml", "the second arm has a bad setting", "rl_demo", arms, tmp_path / "exp"
+    )
     assert main(["experiment", "--config", str(path)]) == 2
     err = _error(capsys, "experiment")
     assert "arm bad, seed 0" in err and message in err, err

@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from conftest import eval_argv
 from klear import precision as P
 from klear.rewards import register_scorer, unregister_scorer
 from klear.rl.job import run_rl
@@ -143,23 +144,7 @@ def test_inference_dtype(fake_gpu):
 def _eval_args(tmp_path, ckpt, dtype):
     bench = tmp_path / "bench.jsonl"
     bench.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
-    return [
-        "eval",
-        "--model",
-        str(ckpt),
-        "--benchmark",
-        str(bench),
-        "--n",
-        "1",
-        "--max-tokens",
-        "8",
-        "--backend",
-        "vllm",
-        "--dtype",
-        dtype,
-        "--output",
-        str(tmp_path / "out"),
-    ]
+    return eval_argv(ckpt, bench, tmp_path / "out", f"--n 1 --max-tokens 8 --backend vllm --dtype {dtype}")
 
 
 class _EngineBuilt(Exception):
@@ -371,21 +356,7 @@ def test_klear_eval_refuses_bf16_on_cpu_before_loading(tmp_path, capsys):
     from klear.cli import main
 
     bench = shared_file("math", "aime24.qs.jsonl")
-    code = main(
-        [
-            "eval",
-            "--model",
-            str(tmp_path / "no-model-here"),
-            "--benchmark",
-            str(bench),
-            "--n",
-            "1",
-            "--dtype",
-            "bfloat16",
-            "--output",
-            str(tmp_path / "out"),
-        ]
-    )
+    code = main(eval_argv(tmp_path / "no-model-here", bench, tmp_path / "out", "--n 1 --dtype bfloat16"))
     assert code == 2
     assert "--dtype bfloat16 needs a CUDA GPU; none is visible" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

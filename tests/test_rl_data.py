@@ -25,6 +25,8 @@ ARITH = {
         "allow_negation": False,
     },
 }
+# sums of two one-digit terms: a space of 121 distinct questions
+ONE_DIGIT_SUMS = {**ARITH, "config": {**ARITH["config"], "max_digits": 1, "operators": ["+"]}}
 LEGS = {"name": "leg_counting", "weight": 3, "config": {"min_animals": 1, "max_animals": 2}}
 COLUMNS = {"prompt", "data_source", "reward_model", "extra_info", "prompt_id"}
 
@@ -84,19 +86,7 @@ def test_system_prompt_and_few_shot_options():
 
 
 def test_demo_question_never_generated():
-    small = {
-        "name": "basic_arithmetic",
-        "config": {
-            "min_terms": 2,
-            "max_terms": 2,
-            "min_digits": 1,
-            "max_digits": 1,
-            "operators": ["+"],
-            "allow_parentheses": False,
-            "allow_negation": False,
-        },
-    }
-    ds = make_reasoning_gym_dataset([small], size=120, seed=0)  # 121 distinct questions exist
+    ds = make_reasoning_gym_dataset([ONE_DIGIT_SUMS], size=120, seed=0)  # 121 distinct questions exist
     questions = {r["question"] for r in ds["extra_info"]}
     assert len(questions) == 120 and DEFAULT_FEW_SHOT[0]["question"] not in questions
 
@@ -115,20 +105,8 @@ def test_exclusion_keeps_size_and_train_heldout_disjoint():
 
 
 def test_tiny_problem_space_raises():
-    tiny = {
-        "name": "basic_arithmetic",
-        "config": {
-            "min_terms": 2,
-            "max_terms": 2,
-            "min_digits": 1,
-            "max_digits": 1,
-            "operators": ["+"],
-            "allow_parentheses": False,
-            "allow_negation": False,
-        },
-    }
     with pytest.raises(ValueError, match="too small"):
-        make_reasoning_gym_dataset([tiny], size=130, seed=0)  # only 121 distinct questions exist
+        make_reasoning_gym_dataset([ONE_DIGIT_SUMS], size=130, seed=0)  # only 121 distinct questions exist
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from conftest import sft_row
 from klear.data.difficulty import difficulty_label, keep_response
 from klear.rewards.correctness import is_correct
 
@@ -49,17 +50,6 @@ def test_table2_policy():
         keep_response("trivial", True)
 
 
-def _sft_row(resp, gt, difficulty=None, pass_rate=None):
-    return {
-        "prompt": [{"role": "user", "content": "q"}],
-        "completion": [{"role": "assistant", "content": resp}],
-        "data_source": "math",
-        "ground_truth": gt,
-        "difficulty": difficulty,
-        "pass_rate": pass_rate,
-    }
-
-
 def test_klear_sft_and_klear_data_filters_apply_the_same_policy(tmp_path):
     """``klear sft``'s by_difficulty filter and ``klear data filter sft-correct`` keep the same rows."""
     import datasets
@@ -67,7 +57,7 @@ def test_klear_sft_and_klear_data_filters_apply_the_same_policy(tmp_path):
     from klear.data.filters import filter_sft_correctness
     from klear.sft.data import filter_sft_dataset
 
-    rows = [_sft_row(resp, "4", lab) for lab in ("easy", "medium", "hard") for resp in ("\\boxed{4}", "\\boxed{3}")]
+    rows = [sft_row(resp, "4", lab) for lab in ("easy", "medium", "hard") for resp in ("\\boxed{4}", "\\boxed{3}")]
     kept, stats = filter_sft_dataset(datasets.Dataset.from_list(rows), "by_difficulty")
     sft_kept = [(r["difficulty"], r["completion"][0]["content"]) for r in kept]
     assert sft_kept == [
@@ -102,11 +92,11 @@ def test_sft_filter_labels_pass_rates_with_the_shared_rule():
 
     from klear.sft.data import filter_sft_dataset
 
-    rows = [_sft_row("\\boxed{3}", "4", pass_rate=p) for p in (0.9, 0.5, 0.1)]
+    rows = [sft_row("\\boxed{3}", "4", pass_rate=p) for p in (0.9, 0.5, 0.1)]
     kept, stats = filter_sft_dataset(datasets.Dataset.from_list(rows), "by_difficulty", easy_pass_rate=0.5)
     assert [r["pass_rate"] for r in kept] == [0.1]  # wrong answers survive only on the hard prompt
     with pytest.raises(ValueError, match="row 0: field 'difficulty' is 'trivial'"):
-        filter_sft_dataset(datasets.Dataset.from_list([_sft_row("x", "4", "trivial")]), "by_difficulty")
+        filter_sft_dataset(datasets.Dataset.from_list([sft_row("x", "4", "trivial")]), "by_difficulty")
 
 
 def test_humaneval_rl_rows_use_the_wording_klear_eval_measures():
@@ -140,7 +130,7 @@ def test_sft_and_data_correctness_filters_refuse_an_unscored_response(tmp_path, 
         ]
 
     monkeypatch.setattr(klear.rewards, "compute_scores", flaky)
-    rows = [_sft_row(resp, "4", "easy") for resp in ("\\boxed{4}", "\\boxed{3}")]
+    rows = [sft_row(resp, "4", "easy") for resp in ("\\boxed{4}", "\\boxed{3}")]
     with pytest.raises(RuntimeError, match=r"row 1: the reward judge could not score this response \(1 of 2"):
         filter_sft_dataset(datasets.Dataset.from_list(rows), "by_difficulty")
     inp = tmp_path / "in.jsonl"

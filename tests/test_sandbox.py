@@ -143,12 +143,18 @@ def test_environment_is_scrubbed(box, monkeypatch):
     assert verdicts(box, prog, tests)[0] == ["pass"]
 
 
+def _host_file(directory: Path, dir_mode: int, name: str, text: str) -> Path:
+    """A file of the host outside the sandbox: ``directory / name`` holding ``text``, in a new directory of mode
+    ``dir_mode``."""
+    directory.mkdir(mode=dir_mode)
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
 @needs_root
 def test_cannot_read_files_outside(box, tmp_path):
-    secret_dir = tmp_path / "private"
-    secret_dir.mkdir(mode=0o700)
-    secret = secret_dir / "answer.txt"
-    secret.write_text("42\n")
+    secret = _host_file(tmp_path / "private", 0o700, "answer.txt", "42\n")
     os.chmod(secret, 0o600)
     prog, tests = stdio(f"print(open({str(secret)!r}).read().strip())\n", outputs=["42\n"])
     assert verdicts(box, prog, tests)[0] == ["runtime_error"]
@@ -192,10 +198,8 @@ def _interpreter_entries_under(home: str) -> list[str]:
 
 @needs_root
 def test_cannot_write_or_delete_outside(box, tmp_path):
-    target_dir = tmp_path / "shared"
-    target_dir.mkdir(mode=0o755)
-    keep = target_dir / "keep.txt"
-    keep.write_text("original")
+    keep = _host_file(tmp_path / "shared", 0o755, "keep.txt", "original")
+    target_dir = keep.parent
     program = (
         "import os\n"
         f"d = {str(target_dir)!r}\n"

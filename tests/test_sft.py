@@ -8,6 +8,8 @@ import math
 import pytest
 import yaml
 
+from conftest import RUN_FILES, sft_row
+
 PROMPTS = [
     ("What is 2+2?", "<think>2+2=4</think> \\boxed{4}"),
     ("Compute 7 * 8 please, and show your work in detail.", "<think>7*8 = 56</think>\nThe answer is \\boxed{56}."),
@@ -27,16 +29,24 @@ def _pc_dataset(system: str | None = "Be brief."):
 
 
 class _Logs:
-    def __init__(self):
+    """What a run's callback saw: ``rows``, the logs of training steps (those with a loss, and their step);
+    ``steps``, with ``grads``, the accumulated gradients just before each optimizer step."""
+
+    def __init__(self, grads: bool = False):
         from transformers import TrainerCallback
 
         outer = self
         self.rows: list[dict] = []
+        self.steps: list[dict] = []
 
         class CB(TrainerCallback):
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if logs and "loss" in logs:
                     outer.rows.append({"step": state.global_step, **logs})
+
+            def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+                if grads:
+                    outer.steps.append({k: p.grad.detach().clone() for k, p in model.named_parameters()})
 
         self.callback = CB()
 
@@ -127,22 +137,6 @@ def test_training_loss_is_token_mean_nll_of_response_tokens_over_the_optimizer_b
     assert abs(sum(micro_means) / 2 - expected) > 1e-3  # mean of micro-batch means
 
 
-class _Grads:
-    """The accumulated gradients just before each optimizer step."""
-
-    def __init__(self):
-        from transformers import TrainerCallback
-
-        outer = self
-        self.steps: list[dict] = []
-
-        class CB(TrainerCallback):
-            def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-                outer.steps.append({k: p.grad.detach().clone() for k, p in model.named_parameters()})
-
-        self.callback = CB()
-
-
 @pytest.mark.parametrize("transformers_version", ["installed", "5.17.0"])
 def test_accumulated_gradient_is_the_one_batch_gradient(tiny_model, tmp_path, monkeypatch, transformers_version):
     """2 micro-batches x 2 examples accumulate the gradient of ONE batch of 4 (token-mean over the step), on the
@@ -160,7 +154,7 @@ def test_accumulated_gradient_is_the_one_batch_gradient(tiny_model, tmp_path, mo
     model, tok = tiny_model
     grads, losses = [], []
     for batch, accumulation in ((2, 2), (4, 1)):
-        recorder, logs = _Grads(), _Logs()
+        recorder = _Logs(grads=True)
         trainer = KlearSFTTrainer(
             model=copy.deepcopy(model),
             args=_args(
@@ -172,12 +166,12 @@ def test_accumulated_gradient_is_the_one_batch_gradient(tiny_model, tmp_path, mo
             ),
             train_dataset=_pc_dataset(),
             processing_class=tok,
-            callbacks=[recorder.callback, logs.callback],
+            callbacks=[recorder.callback],
         )
         trainer.train()
         assert len(recorder.steps) == 1
         grads.append(recorder.steps[0])
-        losses.append(logs.rows[0]["loss"])
+        losses.append(recorder.rows[0]["loss"])
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     for name, one_batch in grads[1].items():
         assert float(one_batch.abs().max()) > 0, name
@@ -327,22 +321,12 @@ def test_filter_keeps_correct_easy_and_all_hard():
 
     from klear.sft.data import filter_sft_dataset
 
-    def row(resp, gt, difficulty):
-        return {
-            "prompt": [{"role": "user", "content": "q"}],
-            "completion": [{"role": "assistant", "content": resp}],
-            "data_source": "math",
-            "ground_truth": gt,
-            "difficulty": difficulty,
-            "pass_rate": None,
-        }
-
     ds = datasets.Dataset.from_list(
         [
-            row("\\boxed{4}", "4", "easy"),
-            row("no box", "4", "easy"),
-            row("no box", "5", "hard"),
-            row("\\boxed{5}", "5", "hard"),
+            sft_row("\\boxed{4}", "4", "easy"),
+            sft_row("no box", "4", "easy"),
+            sft_row("no box", "5", "hard"),
+            sft_row("\\boxed{5}", "5", "hard"),
         ]
     )
     kept, stats = filter_sft_dataset(ds, "by_difficulty")
@@ -352,7 +336,7 @@ def test_filter_keeps_correct_easy_and_all_hard():
     assert len(kept) == 2 and stats["n_correct"] == 2
     assert filter_sft_dataset(ds, "none")[0] is ds
     with pytest.raises(ValueError, match="row 0: filter 'correct' needs field 'ground_truth'"):
-        filter_sft_dataset(datasets.Dataset.from_list([row("\\boxed{4}", None, None)]), "correct")
+        filter_sft_dataset(datasets.Dataset.from_list([sft_row("\\boxed{4}", None, None)]), "correct")
 
 
 def test_format_compliance():
@@ -449,14 +433,8 @@ def test_tiny_sft_job_runs_resumes_and_reports(tmp_path, embedded_path, capsys, 
     for key in ("accuracy", "format"):
         assert set(report[key]) >= {"before", "after", "mean_diff", "ci_low", "ci_high", "mcnemar_p"}
     for name in (
-        "config.yaml",
+        *RUN_FILES,
         "sft_data.jsonl",
-        "metrics.jsonl",
-        "eval_before.json",
-        "eval_after.json",
-        "eval.json",
-        "training_curves.png",
-        "final/config.json",
         "final/tokenizer_config.json",
         "checkpoints/checkpoint-2/trainer_state.json",
     ):

@@ -13,6 +13,7 @@ import yaml
 from datasets import Dataset
 from transformers import TrainerCallback
 
+from conftest import cpu_gppo_config
 from klear.rl.losses import LOSS_REGISTRY, LossMode, LossSettings, policy_loss
 from klear.rl.trainer import GPPOConfig, GPPOTrainer, truncated_mask
 
@@ -31,24 +32,12 @@ def _dataset(n_prompts: int) -> Dataset:
 
 
 def _config(tmp_path, **kw) -> GPPOConfig:
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        steps_per_generation=4,
-        num_generations=4,
-        max_completion_length=6,
-        max_steps=2,
-        learning_rate=1e-3,
-        use_cpu=True,
-        report_to=[],
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        max_grad_norm=1e9,  # no clipping: the gradient test compares raw accumulated gradients
+    batch = dict(
+        per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=4, num_generations=4
     )
-    base.update(kw)
-    return GPPOConfig(**base)
+    base = dict(max_completion_length=6, max_steps=2, learning_rate=1e-3, **batch)
+    base["max_grad_norm"] = 1e9  # no clipping: the gradient test compares raw accumulated gradients
+    return cpu_gppo_config(tmp_path / "out", **{**base, **kw})
 
 
 class _GradRecorder(TrainerCallback):

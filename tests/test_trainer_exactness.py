@@ -31,6 +31,7 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
+from conftest import bare_gppo_trainer
 from klear.rl.losses import LOSS_AGG_MODES, LOSS_MODES
 from klear.rl.trainer import GPPOConfig, GPPOTrainer
 
@@ -393,16 +394,6 @@ class _Rank:
         return torch.cat([other, tensor] if self.process_index == 1 else [tensor, other])
 
 
-def _bare_trainer(args, accelerator) -> GPPOTrainer:
-    """A GPPOTrainer without model or data: only what the counting, slicing and loss methods read."""
-    trainer = GPPOTrainer.__new__(GPPOTrainer)
-    trainer.args = args
-    trainer.accelerator = accelerator
-    trainer.model = torch.nn.Module()  # .training: True
-    trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-    return trainer
-
-
 def _random_micro_batches(gen, n_micro=4, t=6):
     """Micro-batches of one process: 2 or 3 rows of up to ``t`` tokens, some rows filtered; log-probs off-policy."""
     out = []
@@ -469,7 +460,7 @@ def test_two_processes_counts_make_the_averaged_gradient_the_global_one(tmp_path
     counts = [_own_counts(mbs, ga) for mbs in ranks]
     assert not torch.equal(counts[0], counts[1])  # the processes hold different counts
     for rank, mbs in enumerate(ranks):
-        trainer = _bare_trainer(args, _Rank(rank, other_counts=counts[1 - rank]))
+        trainer = bare_gppo_trainer(args, _Rank(rank, other_counts=counts[1 - rank]))
         trainer._policy_log_probs = _given_log_probs
         trainer._annotate_optimizer_windows(mbs)
         for i, mb in enumerate(mbs):
@@ -546,7 +537,7 @@ def test_a_process_takes_its_own_rows_of_the_gathered_rollout(tmp_path, monkeypa
         max_completion_length=limit, overlong_filter=True,
     )  # fmt: skip
     other_gathered = [torch.tensor(truncated[other]), torch.tensor(keep[other])]  # gather order: truncated, keep
-    trainer = _bare_trainer(args, _Rank(me, other_gathered=other_gathered))
+    trainer = bare_gppo_trainer(args, _Rank(me, other_gathered=other_gathered))
     trainer.reward_weights = torch.ones(1)
     trainer.max_completion_length = limit
     trainer.eos_token_ids = [eos]

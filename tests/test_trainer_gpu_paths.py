@@ -4,7 +4,6 @@ processes when the parameters are sharded during generation."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 from trl import GRPOTrainer
 
 import klear.rl.trainer as trainer_module
+from conftest import bare_gppo_trainer
 from klear.rl.trainer import TIMING_PHASES, GPPOConfig, GPPOTrainer, _PhaseTimer
 
 
@@ -26,11 +26,7 @@ def _args(tmp_path, **kw) -> GPPOConfig:
 
 def _bare_trainer(args, accelerator) -> GPPOTrainer:
     """A GPPOTrainer without model or data: only what the timing, metric and generation methods read."""
-    trainer = GPPOTrainer.__new__(GPPOTrainer)
-    trainer.args = args
-    trainer.accelerator = accelerator
-    trainer.model = torch.nn.Module()  # .training: True
-    trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    trainer = bare_gppo_trainer(args, accelerator)
     trainer._klear_time = dict.fromkeys(TIMING_PHASES, 0.0)
     trainer._klear_window_end = 0.0
     return trainer

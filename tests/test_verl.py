@@ -101,6 +101,13 @@ def case_batch(dtype=torch.float64):
     return old, log_prob, adv, mask
 
 
+def gppo_loss(old, log_prob, adv, mask, config, **kw):
+    """verl's registered ``gppo`` policy loss called as verl's actor calls it (``kw``: loss_agg_mode, ...)."""
+    return get_policy_loss_fn("gppo")(
+        old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask, config=config, **kw
+    )
+
+
 @pytest.mark.parametrize("mode", ["gppo", "gppo_only_high"])
 @pytest.mark.parametrize("dp_size,batch_num_tokens", [(None, None), (2, 20)])
 def test_registered_loss_matches_hand_table_and_klear(mode, dp_size, batch_num_tokens):
@@ -178,26 +185,12 @@ def test_seq_mean_uses_verl_global_batch_size():
     lp = torch.full((2, 3), 0.05, dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([[2.0] * 3, [-0.5] * 3], dtype=torch.float64)  # rows that do not cancel
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    loss, _ = get_policy_loss_fn("gppo")(
-        old_log_prob=old,
-        log_prob=lp,
-        advantages=adv,
-        response_mask=mask,
-        loss_agg_mode="seq-mean-token-mean",
-        config=config,
-    )
+    loss, _ = gppo_loss(old, lp, adv, mask, config, loss_agg_mode="seq-mean-token-mean")
     r = math.exp(0.05)
     # per-row token-means -2r and 0.5r, summed, over verl's per-rank share of the global batch: 6 / dp_size = 3
     # (this rank's 2 rows would give -0.75r, the global 6 without dp_size -0.25r)
     assert loss.item() == pytest.approx((-2 * r + 0.5 * r) / (6 / 2), rel=1e-12)
-    loss2, _ = get_policy_loss_fn("gppo")(
-        old_log_prob=old,
-        log_prob=lp,
-        advantages=adv,
-        response_mask=mask,
-        loss_agg_mode="seq-mean-token-sum",
-        config=config,
-    )
+    loss2, _ = gppo_loss(old, lp, adv, mask, config, loss_agg_mode="seq-mean-token-sum")
     assert loss2.item() == pytest.approx((-2 * 2 * r + 3 * 0.5 * r) / 3, rel=1e-12)  # token-sums -4r and 1.5r
 
 
@@ -211,23 +204,9 @@ def test_bad_settings_fail_with_the_field_named():
         actor_config("gppo", sft_alpha=-0.1)
     old, lp, adv, mask = case_batch()
     with pytest.raises(ValueError, match="loss_agg_mode"):
-        get_policy_loss_fn("gppo")(
-            old_log_prob=old,
-            log_prob=lp,
-            advantages=adv,
-            response_mask=mask,
-            loss_agg_mode="token-sum",
-            config=actor_config("gppo"),
-        )
+        gppo_loss(old, lp, adv, mask, actor_config("gppo"), loss_agg_mode="token-sum")
     with pytest.raises(ValueError, match="rollout correction"):
-        get_policy_loss_fn("gppo")(
-            old_log_prob=old,
-            log_prob=lp,
-            advantages=adv,
-            response_mask=mask,
-            config=actor_config("gppo"),
-            rollout_is_weights=torch.ones_like(old),
-        )
+        gppo_loss(old, lp, adv, mask, actor_config("gppo"), rollout_is_weights=torch.ones_like(old))
 
 
 def test_plugin_is_loaded_by_import_verl_and_check_passes():

@@ -23,7 +23,6 @@ import torch
 
 from conftest import require_or_skip
 
-pytestmark = pytest.mark.verl
 verl = require_or_skip("verl", reason="verl is not installed (make test-verl builds its venv)")
 
 from tensordict import TensorDict  # noqa: E402
@@ -41,6 +40,8 @@ from klear.integrations.verl.trainer import (  # noqa: E402
     KlearTrainingWorker,
     klear_ppo_loss,
 )
+
+pytestmark = pytest.mark.verl
 
 ALPHA = 0.1  # sft_alpha (the paper's 0.1, Table 6)
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28  # the recipe's epsilon_l, epsilon_h (klear_rl.sh)

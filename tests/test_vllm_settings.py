@@ -8,6 +8,7 @@ import math
 import pytest
 from transformers import LlamaConfig
 
+from conftest import decoder_config, small_llama_config
 from klear.eval import backends
 from klear.eval.backends import build_vllm_kwargs, plan_context, select_backend
 from klear.generation import vllm as kv
@@ -92,15 +93,7 @@ def test_parameter_count_from_safetensors_headers_and_from_the_config(tiny_ckpt,
     assert kv.parameter_count(str(tiny_ckpt), config) == sum(p.numel() for p in model.parameters())
     # without weight files: the config's estimate, exact for a Llama (tied and untied head)
     for tied in (True, False):
-        cfg = LlamaConfig(
-            vocab_size=100,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=tied,
-        )
+        cfg = decoder_config(LlamaConfig, 100, 64, 3, 4, 2, 96, tie_word_embeddings=tied)
         expected = sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
         assert kv.parameter_count("no-such-dir", cfg) == expected
 
@@ -117,14 +110,7 @@ def test_cpu_engine_kwargs_never_split_a_prompt():
 
 
 def test_build_vllm_kwargs_sizes_the_context_from_the_need_and_keeps_the_yarn_length():
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=32,
-        num_attention_heads=2,
-        num_hidden_layers=1,
-        max_position_embeddings=32768,
-        rope_theta=1e6,
-    )
+    config = small_llama_config()
     plan = plan_context(config, max_tokens=60000, max_prompt_tokens=1000, rope_scaling="yarn", rope_factor=2.5)
     gpu = build_vllm_kwargs("m", plan)
     cpu = build_vllm_kwargs("m", plan, cpu=True, gpu_memory_utilization=0.2)
