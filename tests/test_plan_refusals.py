@@ -2,6 +2,7 @@
 ``klear experiment`` before any arm runs, and by ``klear rl`` before any model or tokenizer loads."""
 
 import pytest
+import yaml
 
 from conftest import write_experiment
 from klear.cli import main
@@ -60,3 +61,19 @@ def test_klear_experiment_names_a_misspelt_top_level_key(tmp_path, capsys):
     path.write_text(yaml.safe_dump({"name": "t", "base": "rl_demo", "arms": {"a": {}}, "seed": [0]}))
     assert main(["experiment", "--config", str(path)]) == 2
     assert "unknown key(s) 'seed' (did you mean 'seeds'?) in the top level" in _error(capsys, "experiment")
+
+
+@pytest.mark.parametrize("key, value, message", BAD[:3], ids=[b[0] for b in BAD[:3]])
+def test_loss_settings_are_checked_from_the_mapping_before_the_trainer_arguments(monkeypatch, key, value, message):
+    from klear.config import load_config
+    from klear.rl.job import build_rl_recipe
+    from klear.rl.trainer import GPPOConfig
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("the trainer arguments were built")
+
+    monkeypatch.setattr(GPPOConfig, "__init__", refuse)
+    config, path = load_config("rl_demo", [f"{key}={value}"])
+    with pytest.raises(ValueError, match="trainer: ") as e:
+        build_rl_recipe(config, str(path))
+    assert message in str(e.value)

@@ -55,7 +55,7 @@ class _Recorder(Stage):
 
     def load_data(self, job):
         self._step("load_data", (job.setup.out / "run.json").exists())
-        job.do_eval = self.do_eval
+        job.do_eval, job.train = self.do_eval, ["row"]
 
     def build_trainer(self, job):
         self._step("build_trainer", (job.setup.out / "run.json").exists())

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import difflib
 import json
+import logging
 import shutil
 import time
 import warnings
@@ -76,6 +77,7 @@ __all__ = [
     "resolve_resume",
     "run_command",
     "add_run_arguments",
+    "add_stage_parser",
     "silence_checkpointing_deprecations",
     "start_run",
 ]
@@ -1324,6 +1326,22 @@ def run_command(ns, stage: str, run, plan=None) -> int:
     return 0
 
 
+def add_stage_parser(subparsers, stage: str, *, help: str, description: str, default_recipe: str, recipes: str):
+    """Add the ``klear <stage>`` subcommand of a training stage (``rl``, ``sft``): :func:`add_run_arguments`,
+    handled by :func:`run_command` with ``klear.<stage>.job``'s ``run_<stage>`` and ``plan_<stage>`` (imported
+    when the command runs, so ``klear --help`` stays fast). Returns the parser."""
+    import importlib
+
+    def handler(ns) -> int:
+        job = importlib.import_module(f"klear.{stage}.job")
+        return run_command(ns, stage, getattr(job, f"run_{stage}"), getattr(job, f"plan_{stage}"))
+
+    parser = subparsers.add_parser(stage, help=help, description=description)
+    add_run_arguments(parser, default_recipe=default_recipe, recipes=recipes)
+    parser.set_defaults(func=handler)
+    return parser
+
+
 def add_run_arguments(parser, *, default_recipe: str, recipes: str) -> None:
     """The arguments ``klear rl`` and ``klear sft`` share: ``--config``, ``--output-dir``, ``--resume``,
     ``--resume-from`` and the ``key=value`` overrides (read by :func:`run_command`)."""
@@ -1447,13 +1465,23 @@ def run_job(stage: Stage, config: dict[str, Any], *, source: str = "config", res
     directory, build the trainer, evaluate before, train, evaluate after, finish (``final/``, ``eval.json``,
     report, curves). Returns the report (``eval.json``'s content).
 
+    Args:
+        stage: the stage's hooks. config: the recipe (already merged with overrides). source: where it came from,
+            for error messages. resume: ``False``; ``True`` to continue from the latest checkpoint in
+            ``output_dir/checkpoints``; or a checkpoint path.
+
     Raises:
         ValueError, FileNotFoundError: from the stage's hooks (an invalid recipe or dataset, no checkpoint to
             resume from); a run rejected before :func:`start_run` writes nothing.
     """
     job = Job(config=config, recipe=stage.build_recipe(config, source), source=source)
     setup = job.setup = stage.prepare(job, resume)
+    t0 = time.time()
     stage.load_data(job)
+    n_heldout = len(job.heldout) if job.heldout is not None else 0
+    logging.getLogger(__name__).info(
+        "data: %d training rows, %d held-out (%.1fs)", len(job.train), n_heldout, time.time() - t0
+    )
     run_dir = start_run(
         setup.out, job.config, setup.trainer_cfg, setup.precision, stage=stage.name, resumed=bool(setup.resume)
     )

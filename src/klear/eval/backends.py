@@ -432,7 +432,17 @@ def _make_sampler(seeds: Sequence[int], temperature: float, top_p: float):
     return PerRowSampler()
 
 
-class HFBackend:
+class _ChatBackend:
+    """What both generation backends share: a tokenizer with a chat template."""
+
+    tokenizer: Any
+
+    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of one rendered prompt."""
+        return prompt_token_ids(self.tokenizer, messages)
+
+
+class HFBackend(_ChatBackend):
     """transformers ``generate`` backend (see the module docstring).
 
     Args:
@@ -528,10 +538,6 @@ class HFBackend:
                 raise RuntimeError(f"the YaRN override did not take effect on the loaded model: {report}")
         return report
 
-    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
-        """Token ids of one rendered prompt."""
-        return prompt_token_ids(self.tokenizer, messages)
-
     def fitting_batch_size(self, tokens: int) -> int:
         """``batch_size``, lowered on CUDA so that the KV cache of ``tokens`` tokens per sequence fits in
         :data:`klear.memory.EVAL_MEMORY_SHARE` of the device's free memory (:func:`klear.memory.eval_batch_size`;
@@ -614,7 +620,7 @@ def _dtype_name(dtype) -> str:
     return str(dtype).split(".")[-1]
 
 
-class VLLMBackend:
+class VLLMBackend(_ChatBackend):
     """vLLM backend, on a GPU or on vLLM's CPU backend (see the module docstring).
 
     Each sample is one ``SamplingParams(n=1, seed=...)`` request on the prompt's token ids (rendered with
@@ -743,10 +749,6 @@ class VLLMBackend:
             if not ok:
                 raise RuntimeError(f"the YaRN override did not take effect in the vLLM engine: {report}")
         return report
-
-    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
-        """Token ids of one rendered prompt."""
-        return prompt_token_ids(self.tokenizer, messages)
 
     def engine_inputs(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> tuple[list, list]:
         """``(prompts, sampling_params)``: what :meth:`generate` passes to ``LLM.generate``, one of each per request."""

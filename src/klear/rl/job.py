@@ -24,7 +24,6 @@ the peer arm, :mod:`klear.rl.trl_peer`). See ``configs/rl_demo.yaml`` and ``conf
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from klear.recipe import TRAINER_IMPLS, RLDataSection, RLRecipe, build_section
@@ -65,6 +64,8 @@ def build_rl_recipe(config: dict[str, Any], source: str = "config") -> RLRecipe:
     check_trl_version()
     config_cls, trainer = trainer_config(config, source)
     check_trainer_section(trainer, config_cls, source)
+    if recipe.trainer_impl == "klear":  # the loss settings first, from the mapping (Eq. 5-17's ranges)
+        _check_loss_settings(trainer, config_cls, source)
     # every check the run makes on its trainer arguments (TRL's, GPPOConfig's, ranges, vLLM on CPU), now: a later
     # arm of an experiment must not fail after the earlier ones ran
     _, _, args = trainer_arguments(
@@ -75,9 +76,27 @@ def build_rl_recipe(config: dict[str, Any], source: str = "config") -> RLRecipe:
     return recipe
 
 
-def validate_job_config(config: dict[str, Any], source: str = "config") -> None:
-    """Check the recipe before any heavy work (:func:`build_rl_recipe`)."""
-    build_rl_recipe(config, source)
+def _check_loss_settings(trainer: dict[str, Any], config_cls: type, source: str) -> None:
+    """:class:`klear.rl.losses.LossSettings` of the ``trainer`` mapping (``config_cls``'s defaults for the keys it
+    leaves out), without building the trainer's arguments.
+
+    Raises:
+        ValueError: ``<source>: trainer: <what LossSettings refuses>``.
+    """
+    import dataclasses
+
+    from klear.rl.losses import LossSettings
+
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+    names = [f.name for f in dataclasses.fields(LossSettings)]
+    try:
+        LossSettings(**{n: trainer.get(n, defaults[n]) for n in names})
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{source}: trainer: {' '.join(str(e).split())}") from None
+
+
+#: Check the recipe before any heavy work (the name ``klear experiment`` and older callers use).
+validate_job_config = build_rl_recipe
 
 
 def plan_rl(config: dict[str, Any], *, source: str = "config", **target: Any):
@@ -206,7 +225,7 @@ class RLStage(Stage):
         tokenizer = job.tokenizer = AutoTokenizer.from_pretrained(setup.model_path, padding_side="left")
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        t0 = time.time()  # datasets and prompt lengths are checked before the run directory exists
+        # datasets and prompt lengths are checked before the run directory exists
         job.train, job.heldout = _build_datasets(recipe.data, setup.seed)
         context = setup.context  # the recipe's context_length, else the checkpoint's max_position_embeddings
         longest = check_prompt_context(
@@ -260,12 +279,6 @@ class RLStage(Stage):
             setattr(args, field, value)
         if engine:
             print(f"vLLM rollout engine (sized from the data): {', '.join(f'{k}={v}' for k, v in engine.items())}")
-        logger.info(
-            "data: %d train prompts, %s held-out (%.1fs)",
-            len(job.train),
-            len(job.heldout) if job.heldout else 0,
-            time.time() - t0,
-        )
 
     def build_trainer(self, job) -> None:
         import torch
@@ -350,15 +363,9 @@ class RLStage(Stage):
 def run_rl(
     config: dict[str, Any], *, source: str = "config", resume: bool | str = False, callbacks: list | None = None
 ) -> dict[str, Any]:
-    """Run the RL job described by ``config`` (see the module docstring) through :func:`klear.runs.run_job`.
-    Returns the ``eval.json`` content.
-
-    Args:
-        config: the recipe (already merged with overrides).
-        source: where it came from, for error messages.
-        resume: ``False``; ``True`` to continue from the latest checkpoint in ``output_dir/checkpoints``;
-            or a checkpoint path.
-        callbacks: extra ``TrainerCallback`` objects (e.g. a progress bar).
+    """Run the RL job described by ``config`` (see the module docstring): :func:`klear.runs.run_job` with
+    :class:`RLStage` (``callbacks``: extra ``TrainerCallback`` objects, e.g. a progress bar). Returns the
+    ``eval.json`` content.
 
     Raises:
         ValueError: an invalid recipe (see :func:`build_rl_recipe`) or dataset.

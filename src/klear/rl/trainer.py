@@ -100,6 +100,7 @@ from klear.rewards.correctness import UNSCORED_REWARD
 from klear.rewards.correctness import is_correct as correct_mask
 from klear.rl.advantages import all_equal_groups, compute_group_advantages
 from klear.rl.losses import LOSS_AGG_MODES, LOSS_MODES, METRIC_REDUCTIONS, LossInputs, LossSettings, total_loss
+from klear.rl.trl_surface import TRL_FORWARD_KEYS
 
 logger = logging.getLogger(__name__)
 
@@ -337,18 +338,7 @@ def truncated_mask(
 
 
 # Multimodal / token-type inputs TRL's log-prob function takes from a micro-batch (None for text models).
-_FORWARD_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
-)
+_FORWARD_KEYS = TRL_FORWARD_KEYS
 
 # Per-response tensors whose second dimension is the completion length (trimmed together).
 _COMPLETION_KEYS = (

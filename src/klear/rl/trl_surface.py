@@ -29,6 +29,20 @@ PATCH = "patch"  # an attribute of a TRL/transformers object klear replaces at r
 KINDS = (HOOK, ATTRIBUTE, PATCH)
 
 GRPO = "trl.GRPOTrainer"
+#: The multimodal / token-type inputs TRL 1.16's ``_get_per_token_logps_and_entropies`` takes from a micro-batch
+#: (None for text models); :class:`klear.rl.trainer.GPPOTrainer` forwards exactly these.
+TRL_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
 TRAINER = "transformers.Trainer"
 VLLM_GENERATION = "trl.generation.vllm_generation.VLLMGeneration"
 
@@ -100,16 +114,7 @@ TRL_SURFACE: tuple[TRLContact, ...] = (
             "batch_size",
             "compute_entropy",
             "compute_aux_loss",
-            "pixel_values",
-            "image_grid_thw",
-            "num_images",
-            "pixel_attention_mask",
-            "spatial_shapes",
-            "num_tiles",
-            "image_sizes",
-            "token_type_ids",
-            "mm_token_type_ids",
-            "image_position_ids",
+            *TRL_FORWARD_KEYS,
         ),
         "skips TRL's old-log-prob pass over the whole rollout (redone on the kept samples); the loss's log-probs",
         (f"{_RL}._get_per_token_logps_and_entropies", f"{_RL}._policy_log_probs"),

@@ -39,7 +39,6 @@ closes a think block, ``</think>``, and puts a non-empty ``\\boxed{}`` after it)
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +94,8 @@ def build_sft_recipe(config: dict[str, Any], source: str = "config") -> SFTRecip
     return recipe
 
 
-def validate_sft_config(config: dict[str, Any], source: str = "config") -> None:
-    """Check the recipe before any heavy work (:func:`build_sft_recipe`)."""
-    build_sft_recipe(config, source)
+#: Check the recipe before any heavy work (the name older callers use).
+validate_sft_config = build_sft_recipe
 
 
 def plan_sft(config: dict[str, Any], *, source: str = "config", **target: Any):
@@ -221,14 +219,7 @@ class SFTStage(Stage):
         )
 
     def load_data(self, job) -> None:
-        t0 = time.time()
         job.train, job.heldout, job.extra["filter_stats"] = _build_datasets(job.recipe.data, job.setup.seed)
-        logger.info(
-            "data: %d SFT examples, %s held-out (%.1fs)",
-            len(job.train),
-            len(job.heldout) if job.heldout else 0,
-            time.time() - t0,
-        )
 
     def build_trainer(self, job) -> None:
         import torch
@@ -325,14 +316,8 @@ class SFTStage(Stage):
 
 
 def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:
-    """Run the SFT job described by ``config`` (see the module docstring) through :func:`klear.runs.run_job`.
-    Returns the ``eval.json`` content.
-
-    Args:
-        config: the recipe (already merged with overrides).
-        source: where it came from, for error messages.
-        resume: ``False``; ``True`` to continue from the latest checkpoint in ``output_dir/checkpoints``;
-            or a checkpoint path.
+    """Run the SFT job described by ``config`` (see the module docstring): :func:`klear.runs.run_job` with
+    :class:`SFTStage`.
 
     Returns:
         ``{"model", "steps", "train_examples", "filter"?, "accuracy"?, "format"?}``; the last two are
