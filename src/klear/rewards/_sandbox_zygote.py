@@ -260,26 +260,32 @@ def _mount_scratch(scratch_bytes):
         os.umask(old_umask)
 
 
-def _reset_scratch(uid):
-    """Empty the scratch dirs (nothing of the previous run survives) and make a fresh work dir."""
+def empty_dir(path, keep=frozenset()):
+    """Remove what ``path`` holds, never following a symlink the program left, except the paths in ``keep``
+    (the sandbox parent uses it too, for a run's work dir)."""
     import shutil
 
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for e in entries:
+        if e.path in keep:
+            continue
+        try:
+            if e.is_dir(follow_symlinks=False):
+                shutil.rmtree(e.path, ignore_errors=True)
+            else:
+                os.unlink(e.path)
+        except OSError:
+            pass
+
+
+def _reset_scratch(uid):
+    """Empty the scratch dirs (nothing of the previous run survives) and make a fresh work dir."""
     base = NEWROOT or ""
     for d in SCRATCH_DIRS:
-        try:
-            entries = list(os.scandir(base + d))
-        except OSError:
-            continue
-        for e in entries:
-            if e.path in PROTECTED:
-                continue
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    shutil.rmtree(e.path, ignore_errors=True)
-                else:
-                    os.unlink(e.path)
-            except OSError:
-                pass
+        empty_dir(base + d, PROTECTED)
     cwd = base + SANDBOX_CWD
     os.makedirs(cwd, mode=0o700, exist_ok=True)
     if uid is not None:
@@ -293,97 +299,52 @@ def _reset_scratch(uid):
 # userfaultfd / perf / keyring / kernel modules. clone3 answers ENOSYS so libc falls back to
 # clone, whose namespace flags are refused. Other architectures: no filter (said in the notes).
 
+# blocked syscall -> its number on (x86_64, aarch64)
+_BLOCKED_SYSCALLS = {
+    "memfd_create": (319, 279),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "chroot": (161, 51),
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "bpf": (321, 280),
+    "userfaultfd": (323, 282),
+    "perf_event_open": (298, 241),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+    "open_by_handle_at": (304, 265),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "reboot": (169, 142),
+    "acct": (163, 89),
+    "quotactl": (179, 60),
+    "syslog": (103, 116),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+}
+# architecture -> (AUDIT_ARCH value, clone's number, clone3's number, column of _BLOCKED_SYSCALLS)
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 56, 435, 0), "aarch64": (0xC00000B7, 220, 435, 1)}
 _SECCOMP_BLOCK = {
-    "x86_64": (
-        0xC000003E,
-        56,
-        435,
-        {
-            "memfd_create": 319,
-            "unshare": 272,
-            "setns": 308,
-            "mount": 165,
-            "umount2": 166,
-            "pivot_root": 155,
-            "chroot": 161,
-            "ptrace": 101,
-            "process_vm_readv": 310,
-            "process_vm_writev": 311,
-            "keyctl": 250,
-            "add_key": 248,
-            "request_key": 249,
-            "bpf": 321,
-            "userfaultfd": 323,
-            "perf_event_open": 298,
-            "io_uring_setup": 425,
-            "io_uring_enter": 426,
-            "io_uring_register": 427,
-            "open_by_handle_at": 304,
-            "kexec_load": 246,
-            "kexec_file_load": 320,
-            "init_module": 175,
-            "finit_module": 313,
-            "delete_module": 176,
-            "swapon": 167,
-            "swapoff": 168,
-            "reboot": 169,
-            "acct": 163,
-            "quotactl": 179,
-            "syslog": 103,
-            "open_tree": 428,
-            "move_mount": 429,
-            "fsopen": 430,
-            "fsconfig": 431,
-            "fsmount": 432,
-            "fspick": 433,
-            "mount_setattr": 442,
-        },
-    ),
-    "aarch64": (
-        0xC00000B7,
-        220,
-        435,
-        {
-            "memfd_create": 279,
-            "unshare": 97,
-            "setns": 268,
-            "mount": 40,
-            "umount2": 39,
-            "pivot_root": 41,
-            "chroot": 51,
-            "ptrace": 117,
-            "process_vm_readv": 270,
-            "process_vm_writev": 271,
-            "keyctl": 219,
-            "add_key": 217,
-            "request_key": 218,
-            "bpf": 280,
-            "userfaultfd": 282,
-            "perf_event_open": 241,
-            "io_uring_setup": 425,
-            "io_uring_enter": 426,
-            "io_uring_register": 427,
-            "open_by_handle_at": 265,
-            "kexec_load": 104,
-            "kexec_file_load": 294,
-            "init_module": 105,
-            "finit_module": 273,
-            "delete_module": 106,
-            "swapon": 224,
-            "swapoff": 225,
-            "reboot": 142,
-            "acct": 89,
-            "quotactl": 60,
-            "syslog": 116,
-            "open_tree": 428,
-            "move_mount": 429,
-            "fsopen": 430,
-            "fsconfig": 431,
-            "fsmount": 432,
-            "fspick": 433,
-            "mount_setattr": 442,
-        },
-    ),
+    arch: (audit, clone, clone3, {name: nrs[column] for name, nrs in _BLOCKED_SYSCALLS.items()})
+    for arch, (audit, clone, clone3, column) in _SECCOMP_ARCH.items()
 }
 _NS_FLAGS = 0x10000000 | 0x00020000 | 0x40000000 | 0x20000000 | 0x08000000 | 0x04000000 | 0x02000000
 

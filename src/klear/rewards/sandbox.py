@@ -680,18 +680,9 @@ class Sandbox:
 
     def remove(self, workdir: Path) -> None:
         """Empty *workdir* (never following symlinks the program may have left)."""
-        try:
-            entries = list(os.scandir(workdir))
-        except OSError:
-            return
-        for e in entries:
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    shutil.rmtree(e.path, ignore_errors=True)
-                else:
-                    os.unlink(e.path)
-            except OSError:
-                pass
+        from klear.rewards._sandbox_zygote import empty_dir
+
+        empty_dir(workdir)
 
     def reap(self) -> None:
         """Kill every process left under the sandbox uid (root), no-op otherwise."""
