@@ -771,74 +771,16 @@ def policy_loss(
     entropies: torch.Tensor | None = None,
     old_entropies: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped policy-gradient loss (PPO / Clip-Higher / GPPO / CISPO, optionally with ERC), minimised.
-
-    Keyword form of :func:`compute_policy_loss`; the settings are checked by :class:`LossSettings`.
+    """Clipped policy-gradient loss (PPO / Clip-Higher / GPPO / CISPO, optionally with ERC), minimised: the
+    keyword form of :func:`compute_policy_loss`, and the home of its return values and errors.
 
     Args:
-        log_prob: ``(B, T)`` float, log pi_theta of each response token (requires grad).
-        old_log_prob: ``(B, T)`` float, log pi_old of the rollout policy (no grad needed).
-        advantages: ``(B,)`` (one per response, broadcast over its tokens, Eq. 4) or
-            ``(B, T)`` float.
-        response_mask: ``(B, T)`` bool / int / float with values 0 or 1; 1 marks tokens
-            that count.  Values at masked positions of the other tensors are ignored
-            (they may be ``inf`` or ``nan``).
-        loss_mode: a key of ``LOSS_REGISTRY``; built in (``LOSS_MODES``):
-
-            * ``"ppo_clip"``: per-token loss ``-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)``
-              (Eq. 1, 5; Clip-Higher Eq. 6 when ``clip_ratio_high > clip_ratio_low``);
-              gradient Eq. 10.
-            * ``"gppo"``: same value as ``ppo_clip``; clipped tokens keep the gradient
-              ``F = beta1*(1-eps_low)`` (low side, ``r < 1-eps_low`` and ``A < 0``) and
-              ``F = beta2*(1+eps_high)`` (high side, ``r > 1+eps_high`` and ``A > 0``).
-              Eq. 11/12 (``beta1 = beta2 = 1``), general form Eq. 17/18.
-            * ``"gppo_only_high"``: like ``gppo`` on the high side, like ``ppo_clip`` on
-              the low side (zero gradient there).
-            * ``"cispo"``: per-token loss ``-sg(clip(r, 1-eps_low, 1+eps_high))*A*log_prob``
-              (Eq. 15); ``F = clip(r)`` for every token whatever the sign of A (Eq. 16).
-              Its value is a surrogate (it depends on ``log_prob`` itself) and is not
-              comparable with the other modes' values.
-            * ``"ppo_erc"`` / ``"gppo_erc"``: ``ppo_clip`` / ``gppo`` with Entropy Ratio Clipping
-              (arXiv 2512.05591): same value; a token whose entropy ratio
-              ``rho = (H + 1e-8) / (H_old + 1e-8)`` is not in ``(1 - erc_low, 1 + erc_high)`` has
-              ``F = 0`` (its term is ``sg(l)``) and still counts in the divisor.  Need
-              ``entropies`` and ``old_entropies``.
-
-            See the module docstring for the full gradient table.
-        clip_ratio_low: eps_low, ``0 <= eps_low < 1``.
-        clip_ratio_high: eps_high, ``>= 0`` (0.28 = Clip-Higher as used by Klear).
-        clip_ratio_c: dual-clip bound ``c > 1`` or None (off; Klear's scripts use 10).
-            Tokens with ``A < 0`` and ``r > c`` contribute the constant ``-A*c`` and have
-            zero gradient, in every loss mode (cispo included, see module docstring).
-        beta1: gradient scale of low-side clipped tokens in ``gppo`` (Eq. 17), ``>= 0``.
-            Must stay 1.0 for the other modes.
-        beta2: gradient scale of high-side clipped tokens in ``gppo``, ``gppo_only_high`` and
-            ``gppo_erc``, ``>= 0``.  Must stay 1.0 for the other modes.
-        erc_low: ERC: tokens with ``rho <= 1 - erc_low`` get no gradient; ``0 < erc_low < 1``
-            (released: 0.05).  ``ppo_erc`` / ``gppo_erc`` only; must stay 0.05 for the other modes.
-        erc_high: ERC: tokens with ``rho >= 1 + erc_high`` get no gradient; ``> 0`` (released: 0.05).
-        loss_agg_mode: one of ``LOSS_AGG_MODES``:
-
-            * ``"token-mean"`` (Eq. 7, Klear): sum of all unmasked per-token losses of all
-              responses / number of unmasked tokens (or ``num_tokens``).
-            * ``"seq-mean-token-mean"`` (Eq. 3, GRPO): mean over each response's unmasked
-              tokens, then mean over responses.
-            * ``"seq-mean-token-sum"``: sum over each response's unmasked tokens, then
-              mean over responses.
-
-            In the seq-mean modes, responses with no unmasked token (e.g. dropped by the
-            overlong filter) are left out of the mean over responses.
-        num_tokens: token-mean only.  The divisor to use instead of this batch's unmasked
-            token count: the unmasked token count of the WHOLE optimizer batch when it is
-            split into micro-batches (gradient accumulation) or across workers, so that the
-            sum of the micro-batch losses equals the one-batch loss.  int, float or a
-            1-element tensor; validating it forces one host sync.
-        num_seqs: seq-mean modes only.  The same for the mean over responses: the number of
-            responses with an unmasked token in the whole optimizer batch.
-        entropies: ``(B, T)`` float, per-token entropies (nats) of the current policy's next-token
-            distribution (temperature-scaled like ``log_prob``); needed by the ERC modes, used as
-            constants; any mode reports the entropy metrics below when they are given.
-        old_entropies: ``(B, T)`` float, the same for the rollout policy; needed by the ERC modes.
+        log_prob, old_log_prob, advantages, response_mask, entropies, old_entropies: the tensors of
+            :class:`LossInputs` (shapes, dtypes, masking there).
+        num_tokens, num_seqs: the optimizer step's divisors of :class:`LossInputs` (``None``: this batch's).
+        loss_mode, clip_ratio_low, clip_ratio_high, clip_ratio_c, beta1, beta2, erc_low, erc_high, loss_agg_mode:
+            the fields of :class:`LossSettings` (ranges there). What each mode computes is the module
+            docstring's gradient table (Eq. 10, 12, 16, 18); the aggregations are :func:`aggregate`'s.
 
     Returns:
         ``(loss, metrics)``.  ``loss`` is a 0-dim tensor of dtype
