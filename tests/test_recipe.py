@@ -57,6 +57,19 @@ def test_every_field_has_a_docstring(cls):
         (R.SFTDataSection, {"train": "teacher", "tasks": [{}]}, "data.train_size is required"),
         (R.SFTDataSection, {"train": "f.jsonl", "easy_pass_rate": -1}, "data.easy_pass_rate=-1 must be a number"),
         (R.SFTDataSection, {"train": "f.jsonl", "filter": "all"}, "data.filter='all' must be none, correct or"),
+        # found by feeding klear bad inputs: each used to pass the plan and fail later (or not at all)
+        (R.EvalSection, {"temperature": float("nan")}, "eval.temperature=nan must be a number >= 0"),
+        (R.EvalSection, {"temperature": float("inf")}, "eval.temperature=inf must be a number >= 0"),
+        (R.RewardSection, {"timeout_s": 0}, "reward.timeout_s=0 must be a number of seconds > 0"),
+        (R.RLDataSection, {"tasks": [{}], "few_shot": 5}, "data.few_shot=5 must be a list of {role, content}"),
+        (R.RLDataSection, {"tasks": [{}], "instruction": ["x"]}, "data.instruction=['x'] must be a string"),
+        (R.RLDataSection, {"tasks": "foo"}, "data.tasks='foo' must be a non-empty list of"),
+        (R.RLDataSection, {"tasks": [{}], "heldout": 5}, "data.heldout=5 must be a string"),
+        (R.RLDataSection, {"tasks": [{}], "system_prompt": 5}, "data.system_prompt=5 must be a string"),
+        (R.RLDataSection, {"train": "humaneval", "heldout": "reasoning_gym"}, "data.train=humaneval takes"),
+        (R.SFTDataSection, {"train": "f.jsonl", "easy_pass_rate": 2}, "data.easy_pass_rate=2 must be a pass rate"),
+        (R.SFTDataSection, {"train": "f.jsonl", "data_source": ["x"]}, "data.data_source=['x'] must be a string"),
+        (R.RLRecipe, {"model": "m", "output_dir": 5, "data": {}, "trainer": {}}, "output_dir=5 must be a string"),
     ],
 )
 def test_a_section_refuses_out_of_range_values_naming_the_file_and_key(cls, value, message):
@@ -92,3 +105,17 @@ def test_klear_rl_builds_its_data_from_the_section_defaults():
     recipe = build_rl_recipe(config, str(path))
     train, heldout = _build_datasets(recipe.data, 0)
     assert (len(train), heldout) == (R.RLDataSection.train_size, None)
+
+
+def test_a_null_eval_budget_is_the_stage_s():
+    from klear.runs import eval_settings
+
+    settings = eval_settings({"eval": {"max_new_tokens": None}}, max_new_tokens=7, batch_size=1, seed=0)
+    assert settings["max_new_tokens"] == 7
+
+
+def test_a_recipe_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_bytes(b"model: \xff\n")
+    with pytest.raises(ValueError, match=f"^{path}: not valid UTF-8"):
+        load_config(str(path))

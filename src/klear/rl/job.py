@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from klear.recipe import TRAINER_IMPLS, RLDataSection, RLRecipe, build_section
-from klear.runs import Stage
+from klear.recipe import TRAINER_IMPLS, UNSET, RLDataSection, RLRecipe, build_section
+from klear.runs import Stage, check_data_source
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ def build_rl_recipe(config: dict[str, Any], source: str = "config") -> RLRecipe:
     from klear.runs import check_context_holds, check_eval_section, check_int, check_trainer_section, trainer_arguments
 
     recipe = build_section(RLRecipe, config, source)
+    if recipe.data.data_source is not UNSET:
+        check_data_source(recipe.data.data_source, source)
     check_eval_section(config, source)  # eval.backend: vllm needs the run's colocated engine
     trainer_section = config["trainer"]
     for key, minimum in (
@@ -227,6 +229,14 @@ class RLStage(Stage):
             tokenizer.pad_token = tokenizer.eos_token
         # datasets and prompt lengths are checked before the run directory exists
         job.train, job.heldout = _build_datasets(recipe.data, setup.seed)
+        # TRL's sampler drops an incomplete rollout batch: fewer prompts than one batch would train 0 steps
+        per_rollout = int(args.generation_batch_size) // int(args.num_generations)
+        if len(job.train) < per_rollout:
+            raise ValueError(
+                f"{job.source}: data.train has {len(job.train)} prompts, fewer than one rollout batch of {per_rollout} "
+                "(trainer.per_device_train_batch_size x steps_per_generation x processes / num_generations), so the "
+                "run would train 0 steps: add prompts (data.train_size) or lower the batch"
+            )
         context = setup.context  # the recipe's context_length, else the checkpoint's max_position_embeddings
         longest = check_prompt_context(
             tokenizer,

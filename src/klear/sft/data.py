@@ -55,7 +55,7 @@ __all__ = [
 def _row_to_example(where: str, rec: Any) -> dict:
     """Validate one file row and convert it to the prompt-completion layout of this module."""
     if rec.get("messages") is not None:
-        messages = check_messages(where, "messages", rec["messages"])
+        messages = check_messages(where, "messages", rec["messages"], require_user=True)
         last = messages[-1]
         if last["role"] != "assistant":
             raise ValueError(
@@ -76,7 +76,7 @@ def _row_to_example(where: str, rec: Any) -> dict:
                 raise ValueError(f"{where}: field 'prompt' is an empty string (expected the question)")
             prompt = [{"role": "user", "content": raw_prompt}]
         else:
-            prompt = check_messages(where, "prompt", raw_prompt)
+            prompt = check_messages(where, "prompt", raw_prompt, require_user=True)
         key = "response" if rec.get("response") is not None else "completion"
         response = rec.get(key)
         if response is None:

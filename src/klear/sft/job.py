@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.recipe import SFTDataSection, SFTEvalSection, SFTRecipe, build_section
-from klear.runs import Stage
+from klear.runs import Stage, check_data_source
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ def build_sft_recipe(config: dict[str, Any], source: str = "config") -> SFTRecip
     from klear.sft.trainer import KlearSFTConfig
 
     recipe = build_section(SFTRecipe, config, source)
+    check_data_source(recipe.data.data_source, source)
     check_eval_section(config, source, SFTEvalSection)
     check_trainer_section(config["trainer"], KlearSFTConfig, source)
     trainer = config["trainer"]
@@ -312,7 +313,11 @@ class SFTStage(Stage):
 
         if is_main_process():
             out = job.setup.out
-            print(f"SFT model: {out / 'final'}  (continue with: klear rl model={out / 'final'} ...)", flush=True)
+            print(
+                f"SFT model: {out / 'final'}  (continue with: klear rl model={out / 'final'} data.few_shot=null "
+                f"data.data_source=math_longcot_reasoning_gym ...)",
+                flush=True,
+            )
 
 
 def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """klear on unmodified verl 0.9 (Ray + FSDP/Megatron + vLLM/SGLang): GPPO, the SFT term and klear's rewards.
 
-Installed with ``pip install 'klear[verl]'``; verl imports this package on every Ray worker through the
-``verl.plugins`` entry point ``klear`` (at ``import verl``).  Importing it
+Installed with ``pip install -e '.[verl]'`` in the klear checkout; verl imports this package on every Ray worker
+through the ``verl.plugins`` entry point ``klear`` (at ``import verl``).  Importing it
 
 * registers the policy losses ``gppo`` and ``gppo_only_high`` (:mod:`klear.integrations.verl.losses`,
   paper Eq. 11, 12, 17, 18) and the config class :class:`GPPOLossConfig` (``beta1``, ``beta2``, ``sft_alpha``,
@@ -44,7 +44,7 @@ def check_plugin() -> None:
     if not any(ep.name == "klear" and ep.value == __name__ for ep in entry_points(group="verl.plugins")):
         raise RuntimeError(
             f"no verl.plugins entry point 'klear = {__name__}': reinstall klear "
-            "(pip install -e '.[verl]' or 'klear[verl]') in every Ray worker's environment"
+            "(pip install -e '.[verl]' in the klear checkout) in every Ray worker's environment"
         )
     policy = os.getenv("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
     if policy == "none" or (policy != "auto" and "klear" not in {p.strip() for p in policy.split(",")}):
