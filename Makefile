@@ -1,5 +1,5 @@
 # Quick start:  make demo   (install into .venv, run GPPO on the embedded model, ~11 min on 2 CPU cores)
-#               make test   (install into .venv, run the test suite, a few minutes on 2 CPU cores)
+#               make test   (install into .venv, run the test suite, 5-13 min on 2 CPU cores by load)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
