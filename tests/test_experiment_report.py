@@ -152,6 +152,26 @@ def test_paired_difference_vs_reference_by_problem(report):
     assert "(reference)" in next(line for line in text.splitlines() if line.startswith("| gppo |"))
 
 
+def test_the_seed_is_the_unit_of_the_comparison(report):
+    """Per-seed final accuracies, clip minus gppo: 1/6, 1/6, 1/8 (by hand from CORRECT); every clip run beats every
+    gppo run, so P(improve) is 1."""
+    summary, text = report
+    gppo = [float(np.mean(CORRECT["gppo"][s])) for s in SEEDS]
+    clip = [float(np.mean(CORRECT["clip"][s])) for s in SEEDS]
+    d = np.array(clip) - np.array(gppo)
+    assert d == pytest.approx([1 / 6, 1 / 6, 1 / 8])
+    low, high = stats.t.interval(0.95, df=2, loc=d.mean(), scale=stats.sem(d))
+    c = summary["arms"]["clip"]["seeds_vs_reference"]
+    assert (c["n"], c["mean_diff"]) == (3, pytest.approx(11 / 72))
+    assert (c["ci_low"], c["ci_high"]) == pytest.approx((low, high))
+    assert c["p"] == pytest.approx(stats.ttest_rel(clip, gppo).pvalue)
+    assert c["sd_diff"] == pytest.approx(float(np.std(d, ddof=1)))
+    assert c["p_improvement"] == 1.0 and c["p_improvement_high"] == 1.0
+    assert "seeds_vs_reference" not in summary["arms"]["gppo"]
+    row = next(line for line in text.splitlines() if line.startswith("| clip | 3 |"))
+    assert f"| {11 / 72:+.3f} [{low:+.3f}, {high:+.3f}] |" in row
+
+
 def test_curve_training_time_and_metrics(report):
     summary, _ = report
     for arm in ("gppo", "clip"):

@@ -9,7 +9,16 @@ from itertools import combinations
 import pytest
 from scipy.stats import binomtest
 
-from klear.stats import _mcnemar_exact, mean_ci, paired_difference, pass_at_k
+from klear.stats import (
+    _mcnemar_exact,
+    mean_ci,
+    minimum_detectable_effect,
+    paired_difference,
+    pass_at_k,
+    probability_of_improvement,
+    seed_paired_comparison,
+    seeds_for_effect,
+)
 
 
 def test_stats_imports_without_torch_or_other_klear_modules():
@@ -55,3 +64,33 @@ def test_pass_at_k_is_the_share_of_k_subsets_with_a_correct_sample():
     for n, c, k in [(5, 2, 2), (6, 1, 3), (7, 3, 4), (4, 0, 2), (4, 4, 1)]:
         subsets = list(combinations([1] * c + [0] * (n - c), k))
         assert pass_at_k(n, c, k) == pytest.approx(float(Fraction(sum(any(s) for s in subsets), len(subsets))))
+
+
+def test_minimum_detectable_effect_and_seeds_needed_from_table_t_quantiles():
+    # (t_{0.975,n-1} + t_{0.8,n-1}) * sd / sqrt(n); table values: n=5: 2.776445 + 0.940965; n=7: 2.446912 + 0.905570;
+    # n=8: 2.364624 + 0.896317
+    assert minimum_detectable_effect(0.04, 5) == pytest.approx(3.717410 * 0.04 / math.sqrt(5), rel=1e-5)
+    assert 3.352482 * 0.04 / math.sqrt(7) > 0.05 >= 3.260941 * 0.04 / math.sqrt(8)
+    assert seeds_for_effect(0.04, 0.05) == 8
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        minimum_detectable_effect(0.04, 1)
+
+
+def test_probability_of_improvement_counts_pairs_and_halves_ties():
+    # pairs (0.5, 0.5) tie, (0.5, 0.4) win, (0.6, 0.5) win, (0.6, 0.4) win: 3.5 / 4
+    assert probability_of_improvement([0.5, 0.6], [0.5, 0.4]) == 0.875
+
+
+def test_seed_paired_comparison_by_hand():
+    ref, arm = {0: 0.45, 1: 0.43, 2: 0.51}, {0: 0.385, 1: 0.495, 2: 0.469}
+    # d = [-0.065, 0.065, -0.041]; mean -0.041/3; sample SD 0.0691761; t_{0.975,2} = 4.302653
+    c = seed_paired_comparison(ref, arm)
+    sd = math.sqrt(((-0.065 + 0.041 / 3) ** 2 + (0.065 + 0.041 / 3) ** 2 + (-0.041 + 0.041 / 3) ** 2) / 2)
+    half = 4.302653 * sd / math.sqrt(3)
+    assert c["mean_diff"] == pytest.approx(-0.041 / 3) and c["sd_diff"] == pytest.approx(sd)
+    assert (c["ci_low"], c["ci_high"]) == pytest.approx((-0.041 / 3 - half, -0.041 / 3 + half), rel=1e-5)
+    tstat = (-0.041 / 3) / (sd / math.sqrt(3))
+    assert c["p"] == pytest.approx(1 - abs(tstat) / math.sqrt(2 + tstat**2))  # the t CDF with 2 df in closed form
+    assert c["p_improvement"] == pytest.approx(4 / 9)  # 0.495 and 0.469 each beat 0.45 and 0.43
+    assert 0.0 <= c["p_improvement_low"] <= 4 / 9 <= c["p_improvement_high"] <= 1.0
+    assert c == seed_paired_comparison(ref, arm)  # the bootstrap is seeded

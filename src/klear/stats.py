@@ -228,3 +228,108 @@ def paired_difference(before_correct: Sequence, after_correct: Sequence, confide
         "n_worsened": n_worsened,
         "mcnemar_p": _mcnemar_exact(n_improved, n_worsened),
     }
+
+
+def seeds_for_effect(sd: float, effect: float, *, alpha: float = 0.05, power: float = 0.8, max_n: int = 10_000) -> int:
+    """The fewest seeds ``n`` whose paired two-sided t-test detects ``effect`` with ``power``:
+    ``(t_{1-alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n) <= effect`` (the usual t approximation of the paired
+    test's power). ``sd``: the SD of the per-seed paired differences.
+
+    Raises:
+        ValueError: ``effect <= 0`` or ``sd < 0``; no ``n <= max_n`` suffices.
+    """
+    if effect <= 0 or sd < 0:
+        raise ValueError(f"seeds_for_effect needs effect > 0 and sd >= 0, got effect={effect}, sd={sd}")
+    for n in range(2, max_n + 1):
+        if minimum_detectable_effect(sd, n, alpha=alpha, power=power) <= effect:
+            return n
+    raise ValueError(f"more than {max_n} seeds would be needed to detect {effect} with sd {sd}")
+
+
+def minimum_detectable_effect(sd: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest paired difference ``n`` seeds detect with ``power`` at two-sided level ``alpha``:
+    ``(t_{1-alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n)`` (``sd``: SD of the per-seed differences).
+
+    Raises:
+        ValueError: ``n < 2``.
+    """
+    from scipy.stats import t
+
+    if n < 2:
+        raise ValueError(f"a minimum detectable effect needs at least 2 seeds, got {n}")
+    return float((t.ppf(1 - alpha / 2, n - 1) + t.ppf(power, n - 1)) * sd / math.sqrt(n))
+
+
+def probability_of_improvement(arm: Sequence[float], reference: Sequence[float]) -> float:
+    """P(X > Y) for X a run of ``arm`` and Y a run of ``reference``, over every pair of runs, ties counting 1/2
+    (the Mann-Whitney form of Agarwal et al., NeurIPS 2021)."""
+    wins = sum((x > y) + 0.5 * (x == y) for x in arm for y in reference)
+    return wins / (len(arm) * len(reference))
+
+
+def seed_paired_comparison(
+    reference: dict[Any, float],
+    arm: dict[Any, float],
+    *,
+    confidence: float = 0.95,
+    power: float = 0.8,
+    effects: Sequence[float] = (0.02, 0.05),
+    n_resamples: int = 2000,
+    random_state: int = 0,
+) -> dict[str, Any]:
+    """An arm against the reference with the seed as the unit: per-seed values (e.g. final held-out accuracy)
+    paired by seed.
+
+    Returns:
+        ``n`` (seeds both have), ``mean_diff`` (arm - reference) with its Student-t interval ``ci_low``/``ci_high``
+        and two-sided paired t-test ``p`` (None for fewer than 2 seeds; ``p`` 1.0 when every difference is 0);
+        ``sd_diff`` (sample SD of the differences); ``mde`` (:func:`minimum_detectable_effect` at ``power`` for
+        these seeds); ``seeds_needed`` (``{effect: seeds}``, :func:`seeds_for_effect`; None when ``sd_diff`` is
+        0); ``p_improvement`` (:func:`probability_of_improvement`) with a percentile bootstrap interval
+        ``p_improvement_low``/``_high`` (``scipy.stats.bootstrap``, each arm's seeds resampled independently).
+
+    Raises:
+        ValueError: no seed in common.
+    """
+    from scipy import stats as sps
+
+    seeds = [s for s in reference if s in arm]
+    if not seeds:
+        raise ValueError("seed_paired_comparison: the arm and the reference have no seed in common")
+    d = [float(arm[s]) - float(reference[s]) for s in seeds]
+    n = len(d)
+    out: dict[str, Any] = {"n": n, "mean_diff": sum(d) / n}
+    xs, ys = [float(arm[s]) for s in seeds], [float(reference[s]) for s in seeds]
+    out["p_improvement"] = probability_of_improvement(xs, ys)
+    if n < 2:
+        return {**out, "ci_low": None, "ci_high": None, "p": None, "sd_diff": None, "mde": None, "seeds_needed": None}
+    sd = statistics.stdev(d)
+    half = float(sps.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
+    p = (
+        1.0
+        if sd == 0 and out["mean_diff"] == 0
+        else (0.0 if sd == 0 else float(2 * sps.t.sf(abs(out["mean_diff"]) / (sd / math.sqrt(n)), n - 1)))
+    )
+    boot = sps.bootstrap(
+        (xs, ys),
+        lambda a, b: probability_of_improvement(a, b),
+        vectorized=False,
+        paired=False,
+        n_resamples=n_resamples,
+        method="percentile",
+        confidence_level=confidence,
+        random_state=random_state,
+    )
+    return {
+        **out,
+        "ci_low": out["mean_diff"] - half,
+        "ci_high": out["mean_diff"] + half,
+        "p": p,
+        "sd_diff": sd,
+        "mde": minimum_detectable_effect(sd, n, alpha=1 - confidence, power=power),
+        "seeds_needed": {str(e): seeds_for_effect(sd, e, alpha=1 - confidence, power=power) for e in effects}
+        if sd > 0
+        else None,
+        "p_improvement_low": float(boot.confidence_interval.low),
+        "p_improvement_high": float(boot.confidence_interval.high),
+    }
