@@ -168,8 +168,28 @@ def test_the_seed_is_the_unit_of_the_comparison(report):
     assert c["sd_diff"] == pytest.approx(float(np.std(d, ddof=1)))
     assert c["p_improvement"] == 1.0 and c["p_improvement_high"] == 1.0
     assert "seeds_vs_reference" not in summary["arms"]["gppo"]
-    row = next(line for line in text.splitlines() if line.startswith("| clip | 3 |"))
+    row = next(line for line in text.splitlines() if line.startswith("| clip | final | 3 |"))
     assert f"| {11 / 72:+.3f} [{low:+.3f}, {high:+.3f}] |" in row
+
+
+def test_the_area_under_the_heldout_curve_is_paired_by_seed(report):
+    """Curve steps 0, 2, 4 with START, MID and the final accuracy: area / 4 = (START + 2 * MID + final) / 4."""
+    summary, text = report
+    areas = {}
+    for arm in ("gppo", "clip"):
+        curves = [[START, MID[arm][s], float(np.mean(CORRECT[arm][s]))] for s in SEEDS]
+        areas[arm] = [float(np.trapezoid(c, [0, 2, 4])) / 4 for c in curves]
+        hand = [(START + 2 * MID[arm][s] + float(np.mean(CORRECT[arm][s]))) / 4 for s in SEEDS]
+        assert areas[arm] == pytest.approx(hand)
+        assert summary["arms"][arm]["curve_area_per_seed"] == pytest.approx(dict(zip(map(str, SEEDS), areas[arm])))
+    d = np.array(areas["clip"]) - np.array(areas["gppo"])
+    low, high = stats.t.interval(0.95, df=2, loc=d.mean(), scale=stats.sem(d))
+    c = summary["arms"]["clip"]["curve_area_seeds_vs_reference"]
+    assert c["mean_diff"] == pytest.approx(float(d.mean())) and (c["ci_low"], c["ci_high"]) == pytest.approx(
+        (low, high)
+    )
+    assert c["p"] == pytest.approx(stats.ttest_rel(areas["clip"], areas["gppo"]).pvalue)
+    assert any(line.startswith("| clip | curve area | 3 |") for line in text.splitlines())
 
 
 def test_curve_training_time_and_metrics(report):

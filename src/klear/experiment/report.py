@@ -81,6 +81,17 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
     return {"after": after, "curve": curve, "metrics": metrics, "train_s": curve[-1]["train_s"] if curve else None}
 
 
+def curve_area(curve: list[dict[str, Any]]) -> float | None:
+    """The area under a run's held-out curve (trapezoids over its steps) divided by the steps it spans: the mean
+    held-out accuracy over training, the sample-efficiency endpoint. ``None`` for fewer than 2 points."""
+    if len(curve) < 2 or curve[-1]["step"] == curve[0]["step"]:
+        return None
+    area = sum(
+        (b["step"] - a["step"]) * (a["accuracy"] + b["accuracy"]) / 2 for a, b in zip(curve, curve[1:], strict=False)
+    )
+    return area / (curve[-1]["step"] - curve[0]["step"])
+
+
 def _curve_stats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per step evaluated in every run: mean accuracy with its interval and the mean training seconds."""
     steps = sorted(set.intersection(*[{r["step"] for r in run["curve"]} for run in runs]))  # one run per seed
@@ -133,6 +144,7 @@ def summarize(exp, run_dirs: dict[str, Path], seeds: list[int]) -> dict[str, Any
             },
             "metric_curves": {name: _series_stats([r["metrics"][name] for r in runs]) for name, _ in METRICS},
             "curve": _curve_stats(runs),
+            "curve_area_per_seed": {str(s): curve_area(r["curve"]) for s, r in by_seed.items()},
             "per_problem": per_problem,
         }
     ref = arms[exp.reference]["per_problem"]
@@ -143,6 +155,12 @@ def summarize(exp, run_dirs: dict[str, Path], seeds: list[int]) -> dict[str, Any
                 {s: data[exp.reference][s]["after"]["accuracy"] for s in seeds},
                 {s: data[arm][s]["after"]["accuracy"] for s in seeds},
             )
+            ref_area, arm_area = arms[exp.reference]["curve_area_per_seed"], stats["curve_area_per_seed"]
+            areas = [s for s in seeds if ref_area[str(s)] is not None and arm_area[str(s)] is not None]
+            if areas:
+                stats["curve_area_seeds_vs_reference"] = seed_paired_comparison(
+                    {s: ref_area[str(s)] for s in areas}, {s: arm_area[str(s)] for s in areas}
+                )
             stats["metrics_vs_reference"] = {
                 name: paired_metric_difference(
                     [(data[arm][s]["metrics"][name], data[exp.reference][s]["metrics"][name]) for s in seeds]
@@ -296,26 +314,32 @@ def format_report(exp, summary: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "## The seed as the unit (final held-out accuracy, arm minus reference, paired by seed)",
+        "## The seed as the unit (arm minus reference, paired by seed)",
         "",
+        "Endpoints: final held-out accuracy; curve area, the area under the held-out curve over the steps it spans "
+        "(the mean accuracy over training: sample efficiency). "
         "MDE: the smallest difference these seeds detect at 95% confidence and 80% power, from the observed SD of "
         "the paired differences; seeds needed: for a difference of 0.02 / 0.05. P(improve): the probability that "
         "a run of the arm beats a run of the reference (Agarwal et al., 2021), with a 95% bootstrap interval.",
         "",
-        "| arm | seeds | diff [95% CI] | p (paired t) | SD of diffs | MDE | seeds needed (0.02 / 0.05) | "
+        "| arm | endpoint | seeds | diff [95% CI] | p (paired t) | SD of diffs | MDE | seeds needed (0.02 / 0.05) | "
         "P(improve) [95% CI] |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for arm, s in arms.items():
-        if "seeds_vs_reference" not in s:
-            continue
-        c = s["seeds_vs_reference"]
+    rows = [(arm, "final", s["seeds_vs_reference"]) for arm, s in arms.items() if "seeds_vs_reference" in s]
+    rows += [
+        (arm, "curve area", s["curve_area_seeds_vs_reference"])
+        for arm, s in arms.items()
+        if "curve_area_seeds_vs_reference" in s
+    ]
+    for arm, endpoint, c in rows:
         if c["ci_low"] is None:
-            lines.append(f"| {arm} | {c['n']} | {c['mean_diff']:+.3f} (one seed: no interval) | | | | | |")
+            lines.append(f"| {arm} | {endpoint} | {c['n']} | {c['mean_diff']:+.3f} (one seed: no interval) | | | | | |")
             continue
         needed = " / ".join(str(v) for v in c["seeds_needed"].values()) if c["seeds_needed"] else "n/a (SD 0)"
         lines.append(
-            f"| {arm} | {c['n']} | {c['mean_diff']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['p']:.2g} | "
+            f"| {arm} | {endpoint} | {c['n']} | {c['mean_diff']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | "
+            f"{c['p']:.2g} | "
             f"{c['sd_diff']:.3f} | {c['mde']:.3f} | {needed} | {c['p_improvement']:.2f} "
             f"[{c['p_improvement_low']:.2f}, {c['p_improvement_high']:.2f}] |"
         )
