@@ -117,3 +117,8 @@ def test_a_run_refused_before_training_leaves_no_directory(tmp_path, step):
     with pytest.raises(ValueError, match=f"refused in {step}"):
         run_job(_Recorder(tmp_path, fail_in=step), {"model": "m"})
     assert not (tmp_path / "run").exists()
+
+
+def test_a_stage_without_its_required_hooks_cannot_be_built():
+    with pytest.raises(TypeError, match="abstract"):
+        type("Half", (Stage,), {"build_recipe": lambda self, c, s: c})()

@@ -26,6 +26,7 @@ In a multi-process run (``accelerate launch``) only the main process writes the 
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import difflib
@@ -1435,7 +1436,7 @@ class Job:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-class Stage:
+class Stage(abc.ABC):
     """A training stage for :func:`run_job`: it supplies the hooks, the driver the fixed order. ``klear rl``:
     :class:`klear.rl.job.RLStage`; ``klear sft``: :class:`klear.sft.job.SFTStage`."""
 
@@ -1444,42 +1445,42 @@ class Stage:
     #: :func:`klear.utils.plotting.plot_training_curves` panels
     panels: Any = None
 
+    @abc.abstractmethod
     def build_recipe(self, config: dict[str, Any], source: str) -> Any:
         """Validate the recipe before anything loads (the stage's one validator)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def prepare(self, job: Job, resume: bool | str) -> RunSetup:
         """:func:`prepare_run` with the stage's trainer config class and defaults."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def load_data(self, job: Job) -> None:
         """Set ``job.train``, ``job.heldout``, ``job.eval_cfg``, ``job.do_eval`` (and what the stage checks
         against them) before the run directory exists."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def build_trainer(self, job: Job) -> None:
         """Set ``job.tokenizer``, ``job.trainer`` and ``job.model`` (inside the run directory's failure guard)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def evaluate(self, job: Job, path: Path, *, reuse: bool) -> dict[str, Any]:
         """One held-out evaluation, saved to ``path``."""
-        raise NotImplementedError
 
-    def before_training(self, job: Job, before: dict[str, Any] | None) -> None:
+    def before_training(self, job: Job, before: dict[str, Any] | None) -> None:  # noqa: B027 (optional hook)
         """After the "before" evaluation (``None`` without one), still inside the failure guard."""
 
-    def after_training(self, job: Job) -> None:
+    def after_training(self, job: Job) -> None:  # noqa: B027 (optional hook)
         """After ``trainer.train``, before the "after" evaluation."""
 
+    @abc.abstractmethod
     def report(self, job: Job, before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
         """``eval.json``'s content."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def report_text(self, report: dict[str, Any]) -> str:
         """The printed summary of an evaluated run."""
-        raise NotImplementedError
 
-    def finished(self, job: Job) -> None:
+    def finished(self, job: Job) -> None:  # noqa: B027 (optional hook)
         """After :func:`finish_run`."""
 
 

@@ -366,9 +366,6 @@ class RLStage(Stage):
     def report_text(self, report: dict[str, Any]) -> str:
         return format_report(report)
 
-    def finished(self, job) -> None:
-        pass
-
 
 def run_rl(
     config: dict[str, Any], *, source: str = "config", resume: bool | str = False, callbacks: list | None = None
