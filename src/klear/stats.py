@@ -304,12 +304,11 @@ def seed_paired_comparison(
     if n < 2:
         return {**out, "ci_low": None, "ci_high": None, "p": None, "sd_diff": None, "mde": None, "seeds_needed": None}
     sd = statistics.stdev(d)
-    half = float(sps.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
-    p = (
-        1.0
-        if sd == 0 and out["mean_diff"] == 0
-        else (0.0 if sd == 0 else float(2 * sps.t.sf(abs(out["mean_diff"]) / (sd / math.sqrt(n)), n - 1)))
-    )
+    interval = mean_ci(d, confidence)  # the Student-t interval of the differences
+    if sd == 0:  # every difference equal: the t statistic is undefined
+        p = 1.0 if out["mean_diff"] == 0 else 0.0
+    else:
+        p = float(sps.ttest_1samp(d, 0.0).pvalue)
     boot = sps.bootstrap(
         (xs, ys),
         lambda a, b: probability_of_improvement(a, b),
@@ -322,8 +321,8 @@ def seed_paired_comparison(
     )
     return {
         **out,
-        "ci_low": out["mean_diff"] - half,
-        "ci_high": out["mean_diff"] + half,
+        "ci_low": interval["low"],
+        "ci_high": interval["high"],
         "p": p,
         "sd_diff": sd,
         "mde": minimum_detectable_effect(sd, n, alpha=1 - confidence, power=power),
