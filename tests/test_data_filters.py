@@ -318,3 +318,36 @@ def test_pass_at_k_stats_refuse_an_unscored_sample(tmp_path, monkeypatch):
     inp, smp = write_jsonl(tmp_path / "rl.jsonl", rows), write_jsonl(tmp_path / "s.jsonl", samples)
     with pytest.raises(RuntimeError, match=r"s\.jsonl: row 0: the reward judge could not score this response \(2 of 2"):
         F.load_sample_stats(smp, problems=inp, progress=False)
+
+
+def test_cli_passes_every_rule_option_to_its_function(tmp_path, capsys):
+    """Each rule's CLI options reach the function under their parameter names (the CLI dispatches by name)."""
+    rows = [sft("P", f"p{i}", i < 3, difficulty="easy" if i else "medium", data_source="s") for i in range(4)]
+    rows += [sft("Q", f"q{i}", False, difficulty="hard", data_source="t") for i in range(2)]
+    inp = write_jsonl(tmp_path / "sft.jsonl", rows)
+    out = tmp_path / "o.jsonl"
+
+    def cli(*argv):
+        assert main(["data", "filter", *argv[:1], str(inp), str(out), *argv[1:], "--no-progress"]) == 0
+        capsys.readouterr()
+        return read_jsonl(out), json.loads(out.with_name(out.name + ".report.json").read_text())
+
+    kept, report = cli(
+        *("difficulty", "--samples", str(inp), "--id-field", "@text", "--sample-id-field", "@text"),
+        *("--easy-min", "0.7", "--hard-below", "0.3", "--label-field", "level", "--rate-field", ""),
+    )
+    assert [(r["level"], "pass_rate" in r) for r in kept] == [("easy", False)] * 4 + [("hard", False)] * 2
+    assert report["params"]["easy_min"] == 0.7 and report["params"]["hard_below"] == 0.3
+    kept, _ = cli("sft-correct", "--mixed-for", "medium, hard")  # the medium row 0 (correct) and every hard row
+    assert [r["messages"][1]["content"] for r in kept] == ["p0", "p1", "p2", "q0", "q1"]
+    kept, _ = cli("sft-correct", "--mixed-for", "", "--correct-field", "correct")  # correct responses only
+    assert [r["messages"][1]["content"] for r in kept] == ["p0", "p1", "p2"]
+    kept, _ = cli(
+        *("majority", "--samples", str(inp), "--id-field", "@text", "--sample-id-field", "@text"),
+        *("--min-fraction", "0.6", "--min-samples", "3"),
+    )
+    assert [r["messages"][1]["content"] for r in kept] == ["p0", "p1", "p2", "p3"]  # P: 3/4 > 0.6; Q: 2 samples
+    ranking = tmp_path / "rank.txt"
+    ranking.write_text("t\ns\n")
+    kept, _ = cli("top-sources", "--ranking", str(ranking), "--k", "1", "--source-field", "data_source")
+    assert {r["data_source"] for r in kept} == {"t"}

@@ -79,3 +79,13 @@ def test_good_rows_read_alike_in_every_format(tmp_path):
         assert [p.ground_truth for p in load_benchmark(str(path)).problems] == [
             r["reward_model"]["ground_truth"] for r in rows
         ]
+
+
+def test_invalid_json_array_names_the_line_of_the_file(tmp_path):
+    """A .json array with an error on its 4th line (after two blank lines) is named by that line and column."""
+    from klear.data.io import iter_records
+
+    path = tmp_path / "rows.json"
+    path.write_text('\n\n[{"a": 1},\n {"a": }]\n')
+    with pytest.raises(ValueError, match=r"rows\.json: line 4: invalid JSON: Expecting value at column 8$"):
+        list(iter_records(path))

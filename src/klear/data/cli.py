@@ -90,18 +90,6 @@ def _samples_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--judge-workers", type=int, default=None, help="parallel judges for 'response' samples")
 
 
-def _samples_kwargs(ns: argparse.Namespace) -> dict:
-    return {
-        "id_field": ns.id_field,
-        "sample_id_field": ns.sample_id_field,
-        "text_field": ns.text_field,
-        "correct_score": ns.correct_score,
-        "missing": ns.missing,
-        "judge_workers": ns.judge_workers,
-        "progress": not ns.no_progress,
-    }
-
-
 @_output_errors
 def _dedup(ns: argparse.Namespace) -> int:
     from klear.data.dedup import dedup_file
@@ -148,51 +136,29 @@ def _decontaminate(ns: argparse.Namespace) -> int:
 
 @_output_errors
 def _filter(ns: argparse.Namespace) -> int:
+    """Call the rule's function in :mod:`klear.data.filters` with IN, OUT and the options it takes (by name)."""
+    import inspect
+
     from klear.data import filters as F
 
-    progress = not ns.no_progress
-    if ns.rule == "min-tests":
-        F.filter_min_tests(ns.input, ns.output, min_tests=ns.min, tests_field=ns.tests_field, progress=progress)
-    elif ns.rule == "pass-at-k":
-        F.filter_pass_at_k(ns.input, ns.output, ns.samples, k=ns.k, threshold=ns.threshold, **_samples_kwargs(ns))
-    elif ns.rule == "majority":
-        F.filter_majority(
-            ns.input,
-            ns.output,
-            ns.samples,
-            min_fraction=ns.min_fraction,
-            min_samples=ns.min_samples,
-            **_samples_kwargs(ns),
-        )
-    elif ns.rule == "difficulty":
-        F.label_difficulty(
-            ns.input,
-            ns.output,
-            ns.samples,
-            easy_min=ns.easy_min,
-            hard_below=ns.hard_below,
-            label_field=ns.label_field,
-            rate_field=ns.rate_field or None,
-            **_samples_kwargs(ns),
-        )
-    elif ns.rule == "sft-correct":
-        mixed = tuple(s.strip() for s in ns.mixed_for.split(",") if s.strip())
-        F.filter_sft_correctness(
-            ns.input,
-            ns.output,
-            mixed_for=mixed,
-            difficulty_field=ns.difficulty_field,
-            correct_field=ns.correct_field,
-            judge=ns.judge,
-            correct_score=ns.correct_score,
-            judge_workers=ns.judge_workers,
-            progress=progress,
-        )
-    elif ns.rule == "top-sources":
-        F.filter_top_sources(ns.input, ns.output, ns.ranking, k=ns.k, source_field=ns.source_field, progress=progress)
-    else:  # pragma: no cover - argparse restricts the choices
-        raise ValueError(f"unknown filter rule {ns.rule!r}")
+    fn = getattr(F, _FILTER_RULES[ns.rule])
+    params = inspect.signature(fn).parameters
+    positional = [getattr(ns, name) for name in ("samples", "ranking") if name in params]
+    options = {k: v for k, v in vars(ns).items() if k in params and params[k].kind is inspect.Parameter.KEYWORD_ONLY}
+    fn(ns.input, ns.output, *positional, **options, progress=not ns.no_progress)
     return 0
+
+
+#: ``klear data filter`` rule -> its function in :mod:`klear.data.filters` (the CLI options' dests are its
+#: keyword parameters).
+_FILTER_RULES = {
+    "min-tests": "filter_min_tests",
+    "pass-at-k": "filter_pass_at_k",
+    "majority": "filter_majority",
+    "difficulty": "label_difficulty",
+    "sft-correct": "filter_sft_correctness",
+    "top-sources": "filter_top_sources",
+}
 
 
 @_output_errors
@@ -257,43 +223,48 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "filter", help="RL/SFT filters: min-tests, pass-at-k, majority, difficulty, sft-correct, top-sources"
     )
     rules = f.add_subparsers(dest="rule", required=True)
-    p = rules.add_parser("min-tests", help="keep problems with at least --min test cases (paper: 16)")
-    _common(p)
-    p.add_argument("--min", type=int, default=16, help="minimum number of test cases (default 16)")
+
+    def rule(name: str, help: str, samples: bool = False) -> argparse.ArgumentParser:
+        r = rules.add_parser(name, help=help)
+        _common(r)
+        if samples:
+            _samples_opts(r)
+        r.set_defaults(func=_filter)
+        return r
+
+    p = rule("min-tests", help="keep problems with at least --min test cases (paper: 16)")
+    p.add_argument("--min", dest="min_tests", type=int, default=16, help="minimum number of test cases (default 16)")
     p.add_argument(
         "--tests-field",
         default=None,
         help="dotted field with the tests (default: tests, test_cases, input_output, reward_model.ground_truth)",
     )
-    p.set_defaults(func=_filter)
 
-    p = rules.add_parser("pass-at-k", help="keep problems whose teacher pass@k > --threshold (paper: pass@16 > 0.5)")
-    _common(p)
-    _samples_opts(p)
+    p = rule("pass-at-k", help="keep problems whose teacher pass@k > --threshold (paper: pass@16 > 0.5)", samples=True)
     p.add_argument("--k", type=int, default=16, help="k of pass@k (default 16)")
     p.add_argument("--threshold", type=float, default=0.5, help="keep when pass@k > this (default 0.5)")
-    p.set_defaults(func=_filter)
 
-    p = rules.add_parser("majority", help="keep prompts where more than --min-fraction of teacher samples verify")
-    _common(p)
-    _samples_opts(p)
+    p = rule("majority", help="keep prompts where more than --min-fraction of teacher samples verify", samples=True)
     p.add_argument("--min-fraction", type=float, default=0.5, help="keep when correct/n > this (default 0.5)")
     p.add_argument("--min-samples", type=int, default=1, help="fewer samples: dropped (default 1)")
-    p.set_defaults(func=_filter)
 
-    p = rules.add_parser("difficulty", help="label rows easy/medium/hard from the teacher pass rate")
-    _common(p)
-    _samples_opts(p)
+    p = rule("difficulty", help="label rows easy/medium/hard from the teacher pass rate", samples=True)
     p.add_argument("--easy-min", type=float, default=0.5, help="pass rate >= this: easy (default 0.5)")
     p.add_argument("--hard-below", type=float, default=0.5, help="pass rate < this: hard (default 0.5)")
     p.add_argument("--label-field", default="difficulty", help="field written with the label (default difficulty)")
-    p.add_argument("--rate-field", default="pass_rate", help="field written with the pass rate ('' for none)")
-    p.set_defaults(func=_filter)
-
-    p = rules.add_parser("sft-correct", help="Table 2: easy prompts keep correct responses only, hard keep all")
-    _common(p)
     p.add_argument(
-        "--mixed-for", default="hard", help="comma-separated labels whose incorrect responses are kept (default hard)"
+        "--rate-field",
+        type=lambda v: v or None,
+        default="pass_rate",
+        help="field written with the pass rate ('' for none)",
+    )
+
+    p = rule("sft-correct", help="Table 2: easy prompts keep correct responses only, hard keep all")
+    p.add_argument(
+        "--mixed-for",
+        type=lambda v: tuple(s.strip() for s in v.split(",") if s.strip()),
+        default=("hard",),
+        help="comma-separated labels whose incorrect responses are kept (default hard)",
     )
     p.add_argument("--difficulty-field", default="difficulty", help="field with the label (default difficulty)")
     p.add_argument("--correct-field", default="correct", help="field with the response's verdict (default correct)")
@@ -304,10 +275,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--correct-score", type=float, default=1.0, help="a reward at or above this is correct")
     p.add_argument("--judge-workers", type=int, default=None, help="parallel judges")
-    p.set_defaults(func=_filter)
 
-    p = rules.add_parser("top-sources", help="keep rows from the --k best sources of a quality ranking")
-    _common(p)
+    p = rule("top-sources", help="keep rows from the --k best sources of a quality ranking")
     p.add_argument(
         "--ranking",
         required=True,
@@ -316,7 +285,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--k", type=int, default=1, help="how many of the best sources to keep (default 1)")
     p.add_argument("--source-field", default="data_source", help="field with the row's source (default data_source)")
-    p.set_defaults(func=_filter)
 
     p = sub.add_parser("select", help="K-Center Greedy subset on text embeddings")
     _common(p)

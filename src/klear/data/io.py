@@ -33,7 +33,7 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -91,12 +91,23 @@ def parse_line(path: str | os.PathLike, row: int | str, lineno: int | str | None
         ValueError: ``<file>: line L (row N): invalid JSON ...`` or ``<file>: row N: is list ...
             (expected a JSON object)``.
     """
+    return _load_json(line, dict, lambda exc: f"{path}: line {lineno} (row {row})", f"{path}: row {row}")
+
+
+def _load_json(text: str, expected: type, where: Callable[[json.JSONDecodeError], str], value_where: str) -> Any:
+    """``json.loads(text)``, which must give an ``expected`` (dict or list).
+
+    Raises:
+        ValueError: ``<where(error)>: invalid JSON: <reason> at column C`` or ``<value_where>: is <type>
+            <value> (expected a JSON object|array)``.
+    """
     try:
-        data = json.loads(line)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: line {lineno} (row {row}): invalid JSON: {exc.msg} at column {exc.colno}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: row {row}: is {type(data).__name__} {short_repr(data)} (expected a JSON object)")
+        raise ValueError(f"{where(exc)}: invalid JSON: {exc.msg} at column {exc.colno}") from exc
+    if not isinstance(data, expected):
+        name = "object" if expected is dict else "array"
+        raise ValueError(f"{value_where}: is {type(data).__name__} {short_repr(data)} (expected a JSON {name})")
     return data
 
 
@@ -214,12 +225,7 @@ def iter_batches(
                 raise ValueError(
                     f"{path}: line {lineno}: not valid UTF-8 ({exc.reason} at byte {col} of the line)"
                 ) from None
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: invalid JSON array: {exc}") from exc
-            if not isinstance(data, list):
-                raise ValueError(f"{path}: expected a JSON array of objects")
+            data = _load_json(text, list, lambda exc: f"{path}: line {first_lineno - 1 + exc.lineno}", str(path))
             for start in range(0, len(data), batch_size):
                 batch = [Record(start + i, rec) for i, rec in enumerate(data[start : start + batch_size])]
                 _check_objects(path, batch)

@@ -866,18 +866,21 @@ def _kill_leftovers(uid, spawned, is_root):
                     os.kill(p, signal.SIGKILL)
                 except OSError:
                     pass
-        while True:  # collect what died
-            try:
-                p, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if p == 0:
-                break
-            if p in spawned:  # another run's exit: keep it for the caller
-                _PENDING.append((p, status))
+        while (exited := _reap_one()) is not None:  # collect what died
+            if exited[0] in spawned:  # another run's exit: keep it for the caller
+                _PENDING.append(exited)
 
 
 _PENDING: list[tuple[int, int]] = []  # (pid, wait status) of exits reaped by another run's cleanup
+
+
+def _reap_one() -> tuple[int, int] | None:
+    """One exited child's ``(pid, wait status)`` without blocking; None when none has exited."""
+    try:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return None if pid == 0 else (pid, status)
 
 
 def main():
@@ -961,16 +964,8 @@ def main():
                 os.read(wake_r, 4096)
             except BlockingIOError:
                 pass
-        while True:
-            if _PENDING:
-                pid, status = _PENDING.pop()
-            else:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
+        while (exited := _PENDING.pop() if _PENDING else _reap_one()) is not None:
+            pid, status = exited
             if pid in reapers:
                 protocol.send_packet(sock, {"op": protocol.OP_REAPED, "id": reapers.pop(pid)})
             elif pid in spawned:

@@ -146,94 +146,78 @@ def verl_divisors(config: Any) -> tuple[float | None, float | None]:
     return out[0], out[1]
 
 
-def _verl_policy_loss(
-    loss_mode: str,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str,
-    config: Any,
-    rollout_is_weights: torch.Tensor | None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    if config is None:
-        raise ValueError(f"verl policy loss {loss_mode!r} needs the actor config (config=None)")
-    if rollout_is_weights is not None:
-        raise ValueError(
-            f"verl policy loss {loss_mode!r} does not support rollout correction weights; "
-            "unset actor_rollout_ref.actor.policy_loss.rollout_correction"
+def _verl_policy_loss(loss_mode: str, doc: str):
+    """verl's policy-loss function for klear's ``loss_mode`` (signature: verl's protocol), registered."""
+
+    def policy_loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        if config is None:
+            raise ValueError(f"verl policy loss {loss_mode!r} needs the actor config (config=None)")
+        if rollout_is_weights is not None:
+            raise ValueError(
+                f"verl policy loss {loss_mode!r} does not support rollout correction weights; "
+                "unset actor_rollout_ref.actor.policy_loss.rollout_correction"
+            )
+        settings = klear_settings(loss_mode, loss_agg_mode, config)
+        num_tokens, num_seqs = verl_divisors(config)
+        inputs = LossInputs(
+            log_prob,
+            old_log_prob,
+            advantages,
+            response_mask,
+            num_tokens=num_tokens if settings.loss_agg_mode == "token-mean" else None,
+            num_seqs=None if settings.loss_agg_mode == "token-mean" else num_seqs,
         )
-    settings = klear_settings(loss_mode, loss_agg_mode, config)
-    num_tokens, num_seqs = verl_divisors(config)
-    inputs = LossInputs(
-        log_prob,
-        old_log_prob,
-        advantages,
-        response_mask,
-        num_tokens=num_tokens if settings.loss_agg_mode == "token-mean" else None,
-        num_seqs=None if settings.loss_agg_mode == "token-mean" else num_seqs,
-    )
-    loss, m = compute_policy_loss(inputs, settings)
-    metrics = {
-        "actor/pg_clipfrac": m["clip_frac"].item(),
-        "actor/ppo_kl": m["ppo_kl"].item(),
-        # verl's name for the fraction of tokens taking the dual-clip cap.
-        "actor/pg_clipfrac_lower": m["dual_clip_frac"].item(),
-        "actor/pg_clipfrac_high": m["clip_frac_high"].item(),
-        "actor/pg_clipfrac_low": m["clip_frac_low"].item(),
-        "actor/ratio_mean": m["ratio_mean"].item(),
-    }
-    return loss, metrics
+        loss, m = compute_policy_loss(inputs, settings)
+        metrics = {
+            "actor/pg_clipfrac": m["clip_frac"].item(),
+            "actor/ppo_kl": m["ppo_kl"].item(),
+            # verl's name for the fraction of tokens taking the dual-clip cap.
+            "actor/pg_clipfrac_lower": m["dual_clip_frac"].item(),
+            "actor/pg_clipfrac_high": m["clip_frac_high"].item(),
+            "actor/pg_clipfrac_low": m["clip_frac_low"].item(),
+            "actor/ratio_mean": m["ratio_mean"].item(),
+        }
+        return loss, metrics
+
+    policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{loss_mode}"
+    policy_loss.__doc__ = doc
+    return register_policy_loss(loss_mode)(policy_loss)
 
 
-@register_policy_loss("gppo")
-def compute_policy_loss_gppo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+compute_policy_loss_gppo = _verl_policy_loss(
+    "gppo",
     """verl policy loss ``gppo``: :func:`klear.rl.losses.compute_policy_loss` with ``loss_mode="gppo"``.
 
-    Args (verl's policy-loss protocol, called by keyword):
-        old_log_prob, log_prob: ``(B, T)`` float; ``log_prob`` requires grad.
-        advantages: ``(B, T)`` float (verl broadcasts the GRPO advantage, Eq. 4, over the tokens).
-        response_mask: ``(B, T)`` bool/0-1.
-        loss_agg_mode: ``token-mean`` (Eq. 7, the paper's), ``seq-mean-token-mean`` or ``seq-mean-token-sum``.
-        config: verl's ``ActorConfig``; see :func:`klear_settings` and :func:`verl_divisors`.
-        rollout_is_weights: must be None.
+Args (verl's policy-loss protocol, called by keyword):
+    old_log_prob, log_prob: ``(B, T)`` float; ``log_prob`` requires grad.
+    advantages: ``(B, T)`` float (verl broadcasts the GRPO advantage, Eq. 4, over the tokens).
+    response_mask: ``(B, T)`` bool/0-1.
+    loss_agg_mode: ``token-mean`` (Eq. 7, the paper's), ``seq-mean-token-mean`` or ``seq-mean-token-sum``.
+    config: verl's ``ActorConfig``; see :func:`klear_settings` and :func:`verl_divisors`.
+    rollout_is_weights: must be None.
 
-    Returns:
-        ``(loss, metrics)``: the 0-dim loss (value equal to PPO's clipped surrogate, gradient Eq. 12 / 18)
-        normalised as verl's ``agg_loss``; metrics as python floats (``actor/pg_clipfrac``, ``actor/ppo_kl``,
-        ``actor/pg_clipfrac_lower`` = dual-clip fraction, ``actor/pg_clipfrac_high``, ``actor/pg_clipfrac_low``,
-        ``actor/ratio_mean``).
+Returns:
+    ``(loss, metrics)``: the 0-dim loss (value equal to PPO's clipped surrogate, gradient Eq. 12 / 18)
+    normalised as verl's ``agg_loss``; metrics as python floats (``actor/pg_clipfrac``, ``actor/ppo_kl``,
+    ``actor/pg_clipfrac_lower`` = dual-clip fraction, ``actor/pg_clipfrac_high``, ``actor/pg_clipfrac_low``,
+    ``actor/ratio_mean``).
 
-    Raises:
-        ValueError: no config, rollout correction weights, a bad setting or shape (from klear's checks).
-    """
-    return _verl_policy_loss(
-        "gppo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
-    )
-
-
-@register_policy_loss("gppo_only_high")
-def compute_policy_loss_gppo_only_high(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl policy loss ``gppo_only_high`` (klear's, Appendix A.2); as :func:`compute_policy_loss_gppo`."""
-    return _verl_policy_loss(
-        "gppo_only_high", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
-    )
+Raises:
+    ValueError: no config, rollout correction weights, a bad setting or shape (from klear's checks).
+""",
+)
+compute_policy_loss_gppo_only_high = _verl_policy_loss(
+    "gppo_only_high",
+    "verl policy loss ``gppo_only_high`` (klear's, Appendix A.2); as :func:`compute_policy_loss_gppo`.",
+)
 
 
 def sft_term(

@@ -328,27 +328,18 @@ def _config_from_kwargs(
 
 
 def code_score(
-    data_source: str,
-    solution_str: str,
-    ground_truth: Any,
-    extra_info: dict | None = None,
-    *,
-    reward_mode: str = "soft",
-    require_think: bool | None = None,
-    stop_on_first_failure: bool | None = None,
-    time_limit_s: float | None = None,
-    timeout_s: float | None = None,
-    sandbox_config: SandboxConfig | None = None,
-    **_ignored: Any,
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **options: Any
 ) -> float:
-    """verl-style scorer registered for data sources starting with ``"code"``.
+    """verl-style scorer registered for data sources starting with ``"code"``: :func:`code_score_batch` on one
+    response.
 
     Args:
         data_source: e.g. ``"code"``, ``"coder1_longcot"``; whether it requires a think block is
             :func:`~klear.rewards.think_format.requires_think`'s decision (unless ``require_think``).
         solution_str: the response; ground_truth: see module docstring; extra_info: verl's.
-        reward_mode: ``"soft"`` (default, passed/total in [0, 1]) or ``"hard"`` (+1 / -1).
-        time_limit_s: per-test wall clock; timeout_s: per-program wall clock.
+        options: :func:`code_score_batch`'s keywords: ``reward_mode`` (``"soft"``, the default: passed/total
+            in [0, 1]; ``"hard"``: +1 / -1), ``require_think``, ``stop_on_first_failure``, ``time_limit_s``
+            (per-test wall clock), ``timeout_s`` (per-program wall clock), ``sandbox_config``; others are ignored.
 
     Returns:
         The reward (float).
@@ -356,17 +347,7 @@ def code_score(
     Raises:
         SandboxError: the sandbox cannot run known-correct programs.
     """
-    cfg = _config_from_kwargs(sandbox_config, time_limit_s, timeout_s)
-    return code_score_detailed(
-        data_source,
-        solution_str,
-        ground_truth,
-        extra_info,
-        reward_mode=reward_mode,
-        require_think=require_think,
-        stop_on_first_failure=stop_on_first_failure,
-        sandbox_config=cfg,
-    ).reward
+    return code_score_batch([data_source], [solution_str], [ground_truth], [extra_info], **options)[0]
 
 
 def code_score_batch(
