@@ -55,13 +55,7 @@ def _eos_ids(model, tokenizer) -> list[int]:
 
 
 def greedy_generate(
-    model,
-    tokenizer,
-    prompts: Sequence,
-    *,
-    max_new_tokens: int,
-    batch_size: int = 128,
-    show_progress: bool = True,
+    model, tokenizer, prompts: Sequence, *, max_new_tokens: int, batch_size: int = 128, show_progress: bool = True
 ) -> list[str]:
     """Greedy completions of chat prompts, dropping each sequence from the batch when it ends.
 

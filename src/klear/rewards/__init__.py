@@ -294,33 +294,17 @@ def require_scored(rewards: Sequence[float], what: Callable[[int], str] = lambda
 
 
 def _math_entry(
-    data_source: str,
-    solution_str: str,
-    ground_truth: Any,
-    extra_info: dict | None = None,
-    *,
-    require_think: bool | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    **_ignored: Any,
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **options: Any
 ) -> float:
-    """Registry adapter for :func:`math_score` (``require_think`` defaults to
-    ``"longcot" in data_source``; unknown keyword arguments are ignored). Several acceptable answers
-    (a real list, or ``extra_info["acceptable_answers"]``: :func:`klear.rewards.gold.gold_alternatives`;
-    never a string's JSON text) score +1 when any of them matches."""
+    """Registry adapter for :func:`math_score`: ``options`` are ``require_think`` (default: the data source's
+    rule, :func:`~klear.rewards.think_format.requires_think`) and ``timeout_s``; other keywords are ignored.
+    Several acceptable answers (a real list, or ``extra_info["acceptable_answers"]``:
+    :func:`klear.rewards.gold.gold_alternatives`; never a string's JSON text) score +1 when any of them matches."""
     if gold_alternatives(ground_truth, extra_info) is not None:
-        return _math_batch_entry(
-            [data_source],
-            [solution_str],
-            [ground_truth],
-            [extra_info],
-            require_think=require_think,
-            timeout_s=timeout_s,
-        )[0]
+        return _math_batch_entry([data_source], [solution_str], [ground_truth], [extra_info], **options)[0]
+    think = requires_think(data_source, options.get("require_think"))
     return math_score(
-        solution_str,
-        ground_truth,
-        require_think=requires_think(data_source, require_think),
-        timeout_s=timeout_s,
+        solution_str, ground_truth, require_think=think, timeout_s=options.get("timeout_s", DEFAULT_TIMEOUT_S)
     )
 
 

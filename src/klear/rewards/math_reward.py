@@ -105,7 +105,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from klear.rewards._timeout import RETRIED_STATUSES, TaskOutcome, TimedProcessPool, limit_worker_memory
 from klear.rewards.correctness import CORRECT_REWARD, UNSCORED_REWARD, WRONG_REWARD, is_correct
@@ -960,11 +960,7 @@ def _check_timeout(timeout_s: float) -> float:
 
 
 def math_score_detailed(
-    solution_str: str,
-    ground_truth: str,
-    *,
-    require_think: bool = False,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
+    solution_str: str, ground_truth: str, *, require_think: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> MathScoreResult:
     """Score one response and say why (see :func:`math_score` for the rules).
 
@@ -994,11 +990,7 @@ def math_score_detailed(
 
 
 def math_score(
-    solution_str: str,
-    ground_truth: str,
-    *,
-    require_think: bool = False,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
+    solution_str: str, ground_truth: str, *, require_think: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> float:
     """Klear-Reasoner's binary math reward (paper Sec. 3.2.4, via math-verify).
 
@@ -1081,25 +1073,10 @@ def math_score_batch_detailed(
     return [r if r is not None else _wrong("error") for r in results]
 
 
-def math_score_batch(
-    solution_strs: Sequence[str],
-    ground_truths: Sequence[str],
-    *,
-    require_think: bool | Sequence[bool] = False,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    max_workers: int | None = None,
-) -> list[float]:
+def math_score_batch(solution_strs: Sequence[str], ground_truths: Sequence[str], **options: Any) -> list[float]:
     """Batch form of :func:`math_score`: a list of 1.0 / -1.0 (nan: unscored) in input order.
 
-    See :func:`math_score_batch_detailed` for parallelism and errors.
+    ``options`` are :func:`math_score_batch_detailed`'s keywords (``require_think``, ``timeout_s``,
+    ``max_workers``), which also gives the parallelism and errors.
     """
-    return [
-        r.score
-        for r in math_score_batch_detailed(
-            solution_strs,
-            ground_truths,
-            require_think=require_think,
-            timeout_s=timeout_s,
-            max_workers=max_workers,
-        )
-    ]
+    return [r.score for r in math_score_batch_detailed(solution_strs, ground_truths, **options)]
