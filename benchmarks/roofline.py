@@ -36,9 +36,11 @@ FLOPs are counted from the model config (:func:`forward_flops`), not measured:
   clipping 3 (norm 2, scale 1). It is bound by memory traffic (>= 40 bytes per parameter in float32), so its
   share of the matmul peak says little; the script prints its GB/s too.
 
-Usage: ``python benchmarks/roofline.py [--quick]``. ``--quick`` (under a minute) uses 4 prompts x 8 rows,
+Usage: ``python benchmarks/roofline.py [--quick]``. ``--quick`` (under a minute) uses 2 prompts x 8 rows,
 8 decode steps and micro-batches of 8. Prints load average, CPU flags and torch's thread count at start and end,
-then one markdown table. The full run takes about 4 minutes on 2 cores with bf16 (about 2 without).
+then one markdown table. Sized for about 4 minutes (full, with bf16) and under 1 minute (``--quick``) on 2 idle
+cores; not yet timed idle: with another 2-thread benchmark sharing the cores the full run took 6 minutes and
+``--quick`` 1.5 to 3.7.
 """
 
 from __future__ import annotations
@@ -317,7 +319,7 @@ def table_rows(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="4 prompts x 8 rows, 8 decode steps, micro-batch 8 (< 1 min)")
+    p.add_argument("--quick", action="store_true", help="2 prompts x 8 rows, 8 decode steps, micro-batch 8 (< 1 min)")
     p.add_argument("--model", default="embedded", help="'embedded' or a checkpoint directory")
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 peak and phases even with amx_bf16")
     args = p.parse_args()
@@ -327,7 +329,7 @@ def main() -> None:
 
     began = time.perf_counter()
     print(machine_line("start"), flush=True)
-    prompts, steps, micro_batch, repeats = (4, 8, 8, 10) if args.quick else (16, 32, 32, 20)
+    prompts, steps, micro_batch, repeats = (2, 8, 8, 10) if args.quick else (16, 32, 32, 20)
     bf16 = "amx_bf16" in cpu_flag_set() and not args.no_bf16
     torch.manual_seed(0)
 
