@@ -39,13 +39,7 @@ import time
 
 import torch
 
-
-def _cpu_flags() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "unknown"
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "none of avx2/avx512"
+from _machine import cpu_flags
 
 
 class PeakRSS:
@@ -200,7 +194,7 @@ def main() -> None:
         data["tasks"], size=args.prompts, seed=0, system_prompt=data.get("system_prompt")
     )
     print(
-        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {_cpu_flags()}, torch threads "
+        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {cpu_flags()}, torch threads "
         f"{torch.get_num_threads()}, device {'cuda' if torch.cuda.is_available() else 'cpu'}",
         flush=True,
     )

@@ -1,0 +1,44 @@
+"""What the benchmarks print about the machine they ran on (CPU model and flags), shared by the scripts here.
+
+Run from ``benchmarks/`` as scripts (``python benchmarks/X.py``), they import it as ``_machine``.
+"""
+
+from __future__ import annotations
+
+SUMMARY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_flag_set() -> set[str]:
+    """The ``flags`` of the first CPU in ``/proc/cpuinfo`` (empty where there is none, e.g. not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration, IndexError):
+        return set()
+
+
+def cpu_flags() -> str:
+    """Which of avx2, avx512f, avx512_bf16 and amx_bf16 the CPU has, as one line."""
+    flags = cpu_flag_set()
+    if not flags:
+        return "unknown"
+    return " ".join(f for f in SUMMARY_FLAGS if f in flags) or "none of avx2/avx512"
+
+
+def vector_flags() -> str:
+    """Every ``avx512*`` and ``amx*`` flag of the CPU, sorted, as one line."""
+    flags = cpu_flag_set()
+    if not flags:
+        return "unknown"
+    return " ".join(sorted(f for f in flags if f.startswith(("avx512", "amx")))) or "no avx512/amx"
+
+
+def cpu_model() -> str:
+    """The ``model name`` line of ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line for line in f if line.startswith("model name")).split(":", 1)[1].strip()
+    except (OSError, StopIteration, IndexError):
+        import platform
+
+        return platform.processor() or "unknown"

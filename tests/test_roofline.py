@@ -1,0 +1,111 @@
+"""benchmarks/roofline.py's analytic FLOP count against torch's FlopCounterMode, phase by phase, on a tiny Llama
+run through the script's own phase functions (GQA and a head_dim that is not hidden / heads, left padding)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def rf():
+    sys.path.insert(0, str(BENCH))  # the script imports its sibling _machine, as when run from benchmarks/
+    try:
+        spec = importlib.util.spec_from_file_location("roofline", BENCH / "roofline.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+        sys.modules.pop("_machine", None)
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        tie_word_embeddings=True,
+        attn_implementation="eager",  # matmuls FlopCounterMode sees (CPU SDPA's fused kernel is not in its registry)
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def counted(fn) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as mode:
+        fn()
+    return mode.get_total_flops()
+
+
+def test_layer_matmul_params_are_the_projection_weights_of_a_layer(rf):
+    model = tiny_llama()
+    layer = model.model.layers[0]
+    weights = [m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(weights) == 7
+    assert rf.layer_matmul_params(model.config) == sum(weights)
+
+
+def test_backward_is_twice_the_forward(rf):
+    model = tiny_llama().train()
+    ids = torch.randint(3, 101, (2, 9))
+    total = counted(lambda: model(input_ids=ids).logits.sum().backward())
+    assert total == 3 * rf.forward_flops(model.config, rows=2, new=9, head_positions=9)
+
+
+def test_every_phase_counts_what_flop_counter_mode_sees(rf):
+    from trl.trainer.utils import add_fused_lm_head
+
+    from klear.rl.losses import LossSettings
+
+    model = tiny_llama()
+    rows, prompt, steps, micro_batch = 3, 6, 4, 2
+    ids = torch.randint(3, 101, (rows, prompt))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # a left-padded row: the dense kernels compute its pads too
+    expected = rf.step_flops(
+        model.config, rows=rows, prompt=prompt, completion=steps, decode_steps=steps, micro_batch=micro_batch
+    )
+
+    with torch.no_grad():
+        out: dict = {}
+        assert counted(lambda: out.update(prefill=rf.prefill(model, ids, mask))) == expected["prefill"]
+        logits, cache = out["prefill"]
+        assert counted(lambda: out.update(tokens=rf.decode(model, logits, cache, mask, steps))) == expected["decode"]
+
+    full = torch.cat([ids, out["tokens"]], dim=1)
+    full_mask = torch.cat([mask, torch.ones_like(out["tokens"])], dim=1)
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    assert (
+        counted(lambda: out.update(old=rf.old_log_prob(model, full, full_mask, steps, micro_batch)))
+        == expected["old_log_prob"]
+    )
+
+    model.train()
+    settings = LossSettings(loss_mode="gppo", clip_ratio_c=10.0, alpha=0.1)
+    train = counted(
+        lambda: rf.train_step(
+            model, full[:micro_batch], full_mask[:micro_batch], steps, out["old"][:micro_batch], settings
+        )
+    )
+    # One pass of the fused LM head over the micro-batch. Its backward recomputes the logits (one pass more than
+    # backward = 2 x forward: not in the analytic count) and runs its two gradient GEMMs as in-place addmm_, which
+    # FlopCounterMode does not see (two passes fewer).
+    head = 2 * model.config.hidden_size * model.config.vocab_size * micro_batch * (prompt + steps - 1)
+    assert train == expected["train fwd+bwd"] + head - 2 * head
+    assert all(p.grad is not None for p in model.parameters())
