@@ -90,14 +90,21 @@ def _process(processors, scores, length: int, eos, dummy):
 class _State:
     """The decode buffers: per layer ``(rows, kv_heads, capacity, head_dim)`` keys and values, written in place."""
 
-    def __init__(self, layers: int) -> None:
+    def __init__(self, layers: int, rows: int, capacity: int, group: int) -> None:
         self.keys: list[Any] = [None] * layers
         self.values: list[Any] = [None] * layers
-        self.rows = 0
-        self.capacity = 0
-        self.group = 1  # during the prefill: each batch row fills `group` consecutive buffer rows
+        self.rows = rows
+        self.capacity = capacity
+        self.group = group  # during the prefill: each batch row fills `group` consecutive buffer rows
         self.pos = 0  # where the current forward's keys go
         self.prefill = True
+
+    def start_decoding(self, pos: int) -> None:
+        """After the prefill: the next keys go to position ``pos`` of every row."""
+        self.prefill, self.pos = False, pos
+
+    def advance(self) -> None:
+        self.pos += 1
 
     def select(self, kept) -> None:
         """Keep only the batch rows ``kept`` (a copy of each buffer)."""
@@ -151,8 +158,14 @@ def _plan(model, input_ids, generation_config, kwargs):
     """``(config, processors, max_new, eos, pad)`` when :func:`grouped_decode` can run this generation, else None."""
     import torch
 
-    if kwargs or input_ids.device.type != "cpu":
-        return None
+    if (
+        kwargs
+        or input_ids.device.type != "cpu"
+        or torch.is_autocast_enabled("cpu")
+        or any(p.dtype != torch.float32 for p in model.parameters())
+        or "forward" in vars(model)  # a wrapped forward (accelerate's mixed-precision autocast): keep generate
+    ):
+        return None  # float32 weights only (under bf16 / autocast the attention's inputs come in mixed dtypes)
     config = model.config
     if (
         getattr(config, "model_type", None) not in _MODEL_TYPES
@@ -236,8 +249,7 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
     mask = attention_mask.bool()
     uniq_ids, uniq_mask = input_ids[::group_size], mask[::group_size]
     eos = torch.tensor(eos_list, dtype=torch.long, device=device)
-    state = _State(model.config.num_hidden_layers)
-    state.rows, state.capacity, state.group = n, length + max_new - 1, group_size
+    state = _State(model.config.num_hidden_layers, n, length + max_new - 1, group_size)
     # the attention mask over all buffer positions (prompt, then one column per generated token)
     key_mask = torch.zeros((n, 1, 1, state.capacity), dtype=torch.bool, device=device)
     key_mask[:, 0, 0, :length] = mask
@@ -269,7 +281,7 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
             logits = logits_buf
             del out
             next_pos = position[:, -1:].repeat_interleave(group_size, dim=0) + 1
-            state.prefill, state.pos = False, length
+            state.start_decoding(length)
             for step in range(max_new):
                 scores = _process(processors, logits, length + step, eos, dummy)
                 if gen.do_sample:
@@ -299,7 +311,7 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
                     klear_decode_state=state,
                 ).last_hidden_state[:, -1]
                 logits = torch.mm(hidden, head.weight.t(), out=logits_buf[: len(rows)])
-                state.pos += 1
+                state.advance()
                 next_pos = next_pos + 1
     finally:
         model.train(was_training)
