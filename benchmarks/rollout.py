@@ -20,6 +20,14 @@ compares TRL's ``step_time``.
 
 Needs vLLM (``make test-vllm`` builds ``.venv-vllm``): ``.venv-vllm/bin/python benchmarks/rollout.py``.
 Prints load average and CPU flags at start and end.
+
+``--mode hf-decode`` (no vLLM needed) compares klear's two transformers paths on the same workload instead:
+**generate** (the grouped prefill, then transformers' ``generate``, ``fast_decode=False``) and **decode**
+(:func:`klear.generation.decode.grouped_decode`: KV buffers written in place, GQA inside ``sdpa``, inverse-CDF
+sampling), alternating in one process (``--repeats`` rounds), medians compared; ``--natural`` lets responses end at
+their end-of-sequence token (the rollout's real shape; the decode path then also drops finished rows) instead of
+forcing every row to the full length. Decode tokens/s counts the generated tokens of the rows that were still
+unfinished (the forced-length run: all of them).
 """
 
 from __future__ import annotations
@@ -71,8 +79,19 @@ def build_engine(model_path: str, memory: float, max_len: int, max_num_seqs: int
         )
 
 
-def hf_generate(model, tok, prompt_ids: list[list[int]], group: int, tokens: int, temperature: float) -> int:
-    """One ``generate`` call on all rows (left-padded), prefilled once per group; returns the tokens generated."""
+def hf_generate(
+    model,
+    tok,
+    prompt_ids: list[list[int]],
+    group: int,
+    tokens: int,
+    temperature: float,
+    fast_decode: bool = False,
+    natural: bool = False,
+) -> int:
+    """One ``generate`` call on all rows (left-padded), prefilled once per group; returns the tokens generated
+    (up to and including each row's end-of-sequence token). ``fast_decode``: klear's CPU decode loop instead of
+    ``generate``; ``natural``: rows may end before ``tokens``."""
     from transformers import GenerationConfig
 
     from klear.generation.prefill import grouped_prefill_generate
@@ -87,15 +106,97 @@ def hf_generate(model, tok, prompt_ids: list[list[int]], group: int, tokens: int
         top_p=1.0,
         top_k=0,
         max_new_tokens=tokens,
-        min_new_tokens=tokens,
+        min_new_tokens=None if natural else tokens,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
     with torch.no_grad():
         out = grouped_prefill_generate(
-            model, model.generate, input_ids, mask, group_size=group, generation_config=config
+            model,
+            model.generate,
+            input_ids,
+            mask,
+            group_size=group,
+            generation_config=config,
+            fast_decode=fast_decode,
         )
-    return out[:, width:].numel()  # min_new_tokens = max_new_tokens: every row has exactly `tokens`
+    new = out[:, width:]
+    if not natural:
+        return new.numel()  # min_new_tokens = max_new_tokens: every row has exactly `tokens`
+    ended = new == tok.eos_token_id
+    first = torch.where(
+        ended.any(1), ended.int().argmax(1) + 1, torch.full_like(ended[:, 0], new.shape[1], dtype=torch.long)
+    )
+    return int(first.sum())
+
+
+def compare_decode(args) -> None:
+    """``--mode hf-decode``: transformers' ``generate`` vs klear's decode loop, alternating, medians."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from klear.config import load_config
+    from klear.data.rl_data import make_reasoning_gym_dataset
+    from klear.models.embedded import resolve_model_path
+
+    model_path = resolve_model_path("embedded")
+    tok = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    demo, _ = load_config("rl_demo")
+    data, trainer_cfg = demo["data"], demo["trainer"]
+    group, temperature = int(trainer_cfg["num_generations"]), float(trainer_cfg["temperature"])
+    n_prompts = trainer_cfg["per_device_train_batch_size"] * trainer_cfg["steps_per_generation"] // group
+    dataset = make_reasoning_gym_dataset(data["tasks"], size=n_prompts, seed=0, system_prompt=data.get("system_prompt"))
+    prompt_ids = [tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True) for row in dataset]
+    prompt_ids = [list(x["input_ids"]) if hasattr(x, "keys") else list(x) for x in prompt_ids]
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    print(
+        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {_cpu_flags()}, torch threads "
+        f"{torch.get_num_threads()}; {n_prompts} prompts x {group} samples, temperature {temperature}, "
+        f"prompt tokens {min(map(len, prompt_ids))}-{max(map(len, prompt_ids))}, "
+        f"{'natural lengths' if args.natural else 'forced lengths'}",
+        flush=True,
+    )
+    lengths = [int(x) for x in args.tokens.split(",") if x]
+    results = {}
+    for tokens in lengths:
+        # prefill-only cost (1 new token) measured apart, so decode tok/s excludes it
+        times: dict[str, list[float]] = {"generate": [], "decode": [], "prefill_generate": [], "prefill_decode": []}
+        counts: dict[str, list[int]] = {"generate": [], "decode": []}
+        hf_generate(model, tok, prompt_ids[:2], group, 2, temperature, fast_decode=True)  # warm-up
+        for r in range(args.repeats):
+            for name in ("generate", "decode") if r % 2 == 0 else ("decode", "generate"):
+                fast = name == "decode"
+                t0 = time.perf_counter()
+                hf_generate(model, tok, prompt_ids, group, 1, temperature, fast_decode=fast)
+                times[f"prefill_{name}"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                n = hf_generate(
+                    model, tok, prompt_ids, group, tokens, temperature, fast_decode=fast, natural=args.natural
+                )
+                times[name].append(time.perf_counter() - t0)
+                counts[name].append(n)
+                print(
+                    f"  {tokens} tokens, {name}: {times[name][-1]:.1f} s ({n} tokens, {n / times[name][-1]:.0f} tok/s "
+                    f"with prefill), prefill {times[f'prefill_{name}'][-1]:.2f} s, load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
+        results[tokens] = (
+            {k: statistics.median(v) for k, v in times.items()},
+            {k: statistics.median(v) for k, v in counts.items()},
+        )
+    print(f"\nload average after {os.getloadavg()}")
+    print(f"{'tokens':<8}{'path':<10}{'total s':>9}{'prefill s':>11}{'tokens':>8}{'tok/s':>8}{'decode tok/s':>14}")
+    for tokens, (t, c) in results.items():
+        for name in ("generate", "decode"):
+            decode_s = t[name] - t[f"prefill_{name}"]
+            print(
+                f"{tokens:<8}{name:<10}{t[name]:>9.2f}{t[f'prefill_{name}']:>11.2f}{c[name]:>8.0f}"
+                f"{c[name] / t[name]:>8.0f}{c[name] / decode_s:>14.0f}"
+            )
+        ratio = (c["decode"] / t["decode"]) / (c["generate"] / t["generate"])
+        dec = (c["decode"] / (t["decode"] - t["prefill_decode"])) / (
+            c["generate"] / (t["generate"] - t["prefill_generate"])
+        )
+        print(f"{'':<8}ratio decode/generate: total tok/s {ratio:.2f}, decode tok/s {dec:.2f}")
 
 
 def vllm_generate(llm, prompt_ids: list[list[int]], group: int, tokens: int, temperature: float) -> int:
@@ -143,6 +244,8 @@ def demo_trainer(kind: str, model_path: str, dataset, tok, out: str, steps: int,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=("vllm", "hf-decode"), default="vllm", help="HF vs vLLM, or HF generate vs decode")
+    p.add_argument("--natural", action="store_true", help="hf-decode: responses end at end-of-sequence")
     p.add_argument("--tokens", default="32,256", help="response lengths, comma-separated (default 32,256)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of (HF, vLLM) per length (default 2)")
     p.add_argument("--rl-steps", type=int, default=4, help="GPPOTrainer optimizer steps each way (0: skip)")
@@ -153,6 +256,9 @@ def main() -> None:
         help="vLLM gpu_memory_utilization (fraction of host memory; default: sized from the need)",
     )
     args = p.parse_args()
+    if args.mode == "hf-decode":
+        compare_decode(args)
+        return
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

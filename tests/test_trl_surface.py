@@ -41,6 +41,8 @@ NOT_PATCHES = {
     "memory_plan": "klear's RunSetup",
     "model_path": "klear's RunSetup",
     "model_config": "klear's RunSetup",
+    "_attn_implementation": "a model config's attention implementation, klear's registered AttentionInterface function "
+    "during klear.generation.decode.grouped_decode, restored afterwards",
 }
 
 

@@ -9,6 +9,10 @@ prompt, repeats the KV cache ``num_generations`` times (``Cache.batch_repeat_int
 ``generate`` decode from there: the documented "re-use a prompt cache" use of ``generate``, so the
 sampling itself (temperature, stop tokens, logits processors, RNG) stays transformers'.
 
+On a CPU with one process, the decoding after the prefill is klear's own loop
+(:func:`klear.generation.decode.grouped_decode`: several times faster there, same distribution, another RNG
+stream); elsewhere ``generate`` decodes.
+
 The sampled distribution is unchanged; only the floating-point rounding of the prompt's keys and
 values can differ (they are computed in a batch of distinct prompts instead of all rows). The
 rollout's ``old_log_prob`` is recomputed afterwards anyway (:class:`klear.rl.trainer.GPPOTrainer`).
@@ -33,6 +37,7 @@ def grouped_prefill_generate(
     group_size: int,
     generation_config=None,
     agree: Callable[[bool], bool] | None = None,
+    fast_decode: bool = True,
     **kwargs: Any,
 ):
     """``generate(input_ids, attention_mask, ...)`` with the prompt prefilled once per group of identical rows.
@@ -49,6 +54,10 @@ def grouped_prefill_generate(
             adds one forward (the prefill): under sharded parameters (DeepSpeed ZeRO-3 without gathering for
             generation, FSDP) every forward is a collective, so all processes must take the same path or they
             hang. None: this process decides alone (one process, or parameters whole on every process).
+        fast_decode: on a CPU, with one process (``agree`` None), decode with
+            :func:`klear.generation.decode.grouped_decode` when it supports the model and ``generation_config`` (same
+            distribution, fewer copies, finished rows leave the batch, cheaper sampling; a different RNG stream).
+            False: always ``generate``.
 
     Returns:
         What ``generate`` returns (``(N, L + new)`` token ids).
@@ -78,6 +87,13 @@ def grouped_prefill_generate(
         return generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
         )
+    if fast_decode and agree is None:
+        from klear.generation.decode import decode_supported, grouped_decode
+
+        if decode_supported(model, input_ids, generation_config):
+            return grouped_decode(
+                model, input_ids, attention_mask, group_size=group_size, generation_config=generation_config
+            )
     uniq_ids, uniq_mask = ids[:, 0], mask[:, 0]
     # the positions generate uses for left-padded prompts (cumsum of the mask, 1 on padding)
     position_ids = (uniq_mask.long().cumsum(-1) - 1).masked_fill(uniq_mask == 0, 1)

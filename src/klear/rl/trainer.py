@@ -18,7 +18,8 @@ accumulation, checkpointing and logging. This module overrides these ``GRPOTrain
   that produced ``old_log_prob``); the loss is :func:`klear.rl.losses.total_loss`
   (Eq. 14: ``L = L_pg + alpha * L_LM``) of the configured loss mode.
 * ``_generate_single_turn``: on the transformers path, each prompt is prefilled once per group
-  (:func:`klear.generation.prefill.grouped_prefill_generate`); the samples are unchanged.
+  (:func:`klear.generation.prefill.grouped_prefill_generate`; on a CPU, with one process, decoded by klear's loop,
+  :mod:`klear.generation.decode`); the sampling distribution is unchanged.
 * ``_generate`` and ``training_step``: timers only (``timing/<phase>_s``), which change nothing (on CUDA they
   synchronise the device at each phase boundary, :func:`phase_clock`).
 

@@ -1,0 +1,176 @@
+"""klear's CPU decode loop (klear.generation.decode) against transformers' ``generate``.
+
+Greedy decoding must give ``generate``'s tokens exactly (the loop's cache, positions, masks, finished rows leaving
+the batch, the end-of-sequence padding and the minimum-length processor); sampling draws from the same distribution
+(chi-square tests, on the sampler and on the whole path with a tiny random model and the real tokenizer), though with a
+different RNG stream than ``torch.multinomial``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats
+from transformers import GenerationConfig
+
+from klear.generation.decode import decode_supported, grouped_decode, sample_from_scores
+from klear.generation.prefill import grouped_prefill_generate
+
+
+def _batch(tok, group_size, words=(1, 6, 3)):
+    prompts = [[{"role": "user", "content": "word " * k + f"number {k}"}] for k in words]
+    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    tok.padding_side = "left"
+    enc = tok(
+        [t for t in texts for _ in range(group_size)], return_tensors="pt", padding=True, add_special_tokens=False
+    )
+    return enc["input_ids"], enc["attention_mask"]
+
+
+@pytest.fixture(params=["mha", "gqa"])
+def model_tok(request, tiny_model):
+    model, tok = tiny_model
+    if request.param == "gqa":  # 4 query heads on 2 key/value heads (sdpa's enable_gqa), as SmolLM2 and Qwen
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from conftest import decoder_config
+
+        torch.manual_seed(0)
+        config = decoder_config(LlamaConfig, len(tok), 64, 2, 4, 2, 128, tie_word_embeddings=True)
+        model = LlamaForCausalLM(config).float()
+        assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():  # larger weights: varied tokens instead of one repeated token
+        for p in model.parameters():
+            p.mul_(6.0)
+    return model.eval(), tok
+
+
+def _greedy_config(tok, eos, **kw):
+    return GenerationConfig(max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=eos, **kw)
+
+
+@pytest.mark.parametrize("min_new_tokens", [None, 5])
+def test_greedy_tokens_equal_generate_with_rows_ending_early(model_tok, min_new_tokens):
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=3)
+    # end-of-sequence tokens: ones the greedy continuations emit at different steps, so rows end at different times
+    with torch.no_grad():
+        free = model.generate(input_ids=ids, attention_mask=mask, generation_config=_greedy_config(tok, None))
+    new = free[:, ids.shape[1] :]
+    eos = sorted({int(new[0, 2]), int(new[3, 6])})
+    config = _greedy_config(tok, eos, min_new_tokens=min_new_tokens)
+    assert decode_supported(model, ids, config)
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    out = grouped_decode(model, ids, mask, group_size=3, generation_config=config, compact=0.1)
+    assert torch.equal(out, ref)
+    ended = torch.isin(ref[:, ids.shape[1] :], torch.tensor(eos)).any(1)
+    assert 0 < int(ended.sum()) < len(ref)  # some rows ended early, some ran on
+    # the same with every row its own group (no shared prefill)
+    assert torch.equal(grouped_decode(model, ids, mask, group_size=1, generation_config=config), ref)
+
+
+def test_grouped_prefill_generate_takes_the_decode_loop_on_cpu(model_tok):
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=4)
+    config = GenerationConfig(
+        max_new_tokens=6, do_sample=True, temperature=0.7, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    )
+    calls = []
+
+    def generate(**kw):
+        calls.append(kw)
+        return model.generate(**kw)
+
+    out = grouped_prefill_generate(model, generate, ids, mask, group_size=4, generation_config=config)
+    assert calls == [] and out.shape[0] == 12
+    grouped_prefill_generate(model, generate, ids, mask, group_size=4, generation_config=config, fast_decode=False)
+    assert len(calls) == 1
+    # settings the loop does not handle keep generate: a repetition penalty, several processes
+    unsupported = GenerationConfig(**{**config.to_diff_dict(), "repetition_penalty": 1.3})
+    assert not decode_supported(model, ids, unsupported)
+    grouped_prefill_generate(model, generate, ids, mask, group_size=4, generation_config=unsupported)
+    grouped_prefill_generate(model, generate, ids, mask, group_size=4, generation_config=config, agree=lambda ok: ok)
+    assert len(calls) == 3
+
+
+def _chi_square_p(counts, probs):
+    expected = probs * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0  # nothing drawn where the probability is zero
+    return stats.chisquare(counts[keep], expected[keep]).pvalue
+
+
+def test_sampler_draws_softmax():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 50, generator=gen) * 2
+    scores[:, ::7] = -float("inf")  # impossible tokens (top-k / top-p masks, minimum length)
+    probs = torch.softmax(scores.double(), -1)
+    counts = torch.zeros(6, 50, dtype=torch.float64)
+    for _ in range(400):
+        token = sample_from_scores(scores.clone(), inplace=True, generator=gen)
+        counts[torch.arange(6), token] += 1
+    # the same draws with a float64 workspace and without ``inplace`` keep ``scores``
+    kept = scores.clone()
+    sample_from_scores(kept, cdf=torch.empty(6, 50, dtype=torch.float64))
+    assert torch.equal(kept, scores)
+    pooled = _chi_square_p(counts.flatten(), probs.flatten() / 6)
+    assert pooled > 1e-3
+    assert min(_chi_square_p(counts[r], probs[r]) for r in range(6)) > 1e-4
+    # a row whose mass sits on one token always draws it
+    one = torch.full((3, 50), -float("inf"))
+    one[:, 49] = 0.0
+    assert sample_from_scores(one).tolist() == [49, 49, 49]
+
+
+@pytest.mark.parametrize("top_k", [0, 6])
+def test_sampled_tokens_follow_the_models_distribution(model_tok, top_k):
+    """The whole loop: the first two new tokens' frequencies against the model's processed softmax (temperature,
+    top-k), in a batch of 600 rows of two prompts (prefill once per group; the second token from the decode step)."""
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=300, words=(1, 6))
+    config = GenerationConfig(
+        max_new_tokens=2,
+        min_new_tokens=2,
+        do_sample=True,
+        temperature=0.7,
+        top_k=top_k,
+        top_p=1.0,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(0)
+    out = grouped_decode(model, ids, mask, group_size=300, generation_config=config)[:, ids.shape[1] :]
+    with torch.no_grad():
+        first = model(input_ids=ids[::300], attention_mask=mask[::300]).logits[:, -1] / 0.7
+    if top_k:
+        first = first.masked_fill(first < first.topk(top_k, -1).values[:, -1:], -float("inf"))
+    first[:, tok.eos_token_id] = -float("inf")  # min_new_tokens
+    probs = torch.softmax(first.double(), -1)
+    for g in range(2):
+        counts = torch.bincount(out[g * 300 : (g + 1) * 300, 0], minlength=probs.shape[1]).double()
+        top = probs[g].topk(8).indices  # the likely tokens, the rest pooled
+        rest = torch.ones_like(probs[g], dtype=torch.bool)
+        rest[top] = False
+        p = torch.cat([probs[g][top], probs[g][rest].sum()[None]])
+        c = torch.cat([counts[top], counts[rest].sum()[None]])
+        assert _chi_square_p(c, p) > 1e-4
+    # the second token of the most common first token of group 0, against the model's next-token distribution
+    tok0 = int(torch.bincount(out[:300, 0]).argmax())
+    rows = (out[:300, 0] == tok0).nonzero().squeeze(-1)
+    assert len(rows) >= 50
+    with torch.no_grad():
+        ext = torch.cat([ids[:1], torch.tensor([[tok0]])], 1)
+        nxt = model(input_ids=ext, attention_mask=torch.cat([mask[:1], torch.ones(1, 1, dtype=mask.dtype)], 1))
+    second = nxt.logits[0, -1] / 0.7
+    if top_k:
+        second = second.masked_fill(second < second.topk(top_k).values[-1], -float("inf"))
+    second[tok.eos_token_id] = -float("inf")
+    probs2 = torch.softmax(second.double(), -1)
+    counts2 = torch.bincount(out[rows, 1], minlength=probs2.shape[0]).double()
+    top = probs2.topk(5).indices
+    rest = torch.ones_like(probs2, dtype=torch.bool)
+    rest[top] = False
+    p = torch.cat([probs2[top], probs2[rest].sum()[None]])
+    c = torch.cat([counts2[top], counts2[rest].sum()[None]])
+    assert _chi_square_p(c, p) > 1e-4
