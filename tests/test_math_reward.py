@@ -566,6 +566,36 @@ def test_waiters_on_a_discarded_pool_resubmit_instead_of_waiting_for_the_queue_l
         pool.shutdown(wait_s=2)
 
 
+def test_tasks_orphaned_by_a_pool_that_broke_by_itself_are_resubmitted():
+    """CI flake of 2026-12-05 (a scorer hung under worker kills): pebble marks a pool broken and aborts
+    the tasks it has registered, but a task still in its scheduler queue is registered after the
+    abort and never runs or finishes. Its waiter must get ``pool_error`` within seconds (not the
+    900 s queue limit), and a running task whose result no loop will read must not wait out its
+    limit either; ``run`` then redoes both on a fresh pool."""
+    from pebble.pool.base_pool import PoolStatus
+
+    from klear.rewards._timeout import STALL_CHECK_S, TimedProcessPool
+
+    pool = TimedProcessPool(max_workers=1, name="test-orphan")
+    try:
+        running = pool.submit(time.sleep, (1.0,), timeout_s=30)
+        queued = pool.submit(abs, (-3,), timeout_s=30)
+        old = queued._klear_pool
+        deadline = time.monotonic() + 10
+        while not running.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running.running()
+        old._context.status = PoolStatus.ERROR  # what pebble's handle_broken_pool sets; its loops stop
+        t0 = time.monotonic()
+        outcomes = [pool.wait(f, timeout_s=30, queue_limit_s=120) for f in (running, queued)]
+        assert [o.status for o in outcomes] == ["pool_error", "pool_error"], outcomes
+        assert time.monotonic() - t0 < STALL_CHECK_S + 5
+        assert pool.run(abs, (-3,), timeout_s=10).value == 3  # a fresh pool does the work
+        assert old is not pool._pool
+    finally:
+        pool.shutdown(wait_s=2)
+
+
 # ------------------------------------------------- pool failures: backoff, then unscored (issue 20)
 def _kill_self_first(counter: str, kills: int) -> int:
     """Runs in a pool worker: SIGKILLs its own worker on the first *kills* calls (counted in a file), then

@@ -108,6 +108,16 @@ def greedy_generate(
 
     cache_kw = cache_kwarg(model.forward)
 
+    def forward(cache, input_ids, position_ids, attention_mask=None):  # extends *cache*; last position's logits
+        return model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kw: cache},
+        )
+
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     was_training = model.training
     bar = tqdm(total=len(texts), desc="generate (greedy)", unit="seq", disable=not show_progress)
@@ -121,12 +131,10 @@ def greedy_generate(
                 shared = _common_prefix_length(rows, limit=len(rows[0]) - 1) if len(rows) > 1 else 0
                 cache = DynamicCache(config=model.config)
                 if shared:
-                    model(
-                        input_ids=torch.tensor([rows[0][:shared]], device=device),
-                        position_ids=torch.arange(shared, device=device)[None],
-                        use_cache=True,
-                        logits_to_keep=1,
-                        **{cache_kw: cache},
+                    forward(
+                        cache,
+                        torch.tensor([rows[0][:shared]], device=device),
+                        torch.arange(shared, device=device)[None],
                     )
                     cache.batch_repeat_interleave(len(rows))
                 width = max(len(r) for r in rows) - shared
@@ -137,14 +145,7 @@ def greedy_generate(
                 ).long()
                 attn = torch.cat([suffix_mask.new_ones((len(rows), shared)), suffix_mask], dim=1)
                 pos = (shared + suffix_mask.cumsum(-1) - 1).masked_fill(suffix_mask == 0, 1)
-                out = model(
-                    input_ids=suffix,
-                    attention_mask=attn,
-                    position_ids=pos,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **{cache_kw: cache},
-                )
+                out = forward(cache, suffix, pos, attn)
                 alive = torch.tensor(idx, device=device)
                 last_pos = pos[:, -1:]
                 for step in range(max_new_tokens):
@@ -162,13 +163,7 @@ def greedy_generate(
                         alive, token, attn, last_pos = alive[kept], token[kept], attn[kept], last_pos[kept]
                     attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
                     last_pos = last_pos + 1
-                    out = model(
-                        input_ids=token[:, None],
-                        attention_mask=attn,
-                        position_ids=last_pos,
-                        use_cache=True,
-                        **{cache_kw: cache},
-                    )
+                    out = forward(cache, token[:, None], last_pos, attn)
     finally:
         bar.close()
         model.train(was_training)

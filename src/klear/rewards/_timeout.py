@@ -20,6 +20,10 @@ Robustness rules:
   most once per :data:`STALL_CHECK_S` per pool); when it cannot be taken within
   :data:`LOCK_PROBE_S` seconds the pool is declared wedged, replaced, and every task still
   waiting on it is resubmitted to the new pool.
+- When pebble marks a pool broken it aborts the tasks it has registered, but a task still in its
+  scheduler queue at that moment (or running while its loops stop) is never finished: a waiter
+  whose pool has stopped returns ``pool_error`` :data:`ORPHAN_GRACE_S` seconds later and the task
+  is resubmitted.
 - Pool-level failures are retried with exponential backoff (:meth:`TimedProcessPool.run_many`):
   ``pool_error`` (the pool broke, e.g. pebble's ``BrokenProcessPool('All workers expired')``
   when a worker dies while tasks wait in the queue; the next attempt uses a fresh pool) and
@@ -83,6 +87,10 @@ RETRY_MAX_WAIT_S = 8.0
 #: 7 attempts over about 24 s plus the attempts' own run time). Long enough to outlast a pool that
 #: keeps breaking for a while; short enough that a scorer that cannot work fails within a minute.
 RETRY_TOTAL_WAIT_S = 30.0
+#: A task whose pool has stopped (pebble marked it broken) and that is still unfinished this many
+#: seconds later is orphaned: pebble's abort runs right after the status change, so only tasks it
+#: missed are left.
+ORPHAN_GRACE_S = 1.0
 _POLL_S = 0.25
 
 OutcomeStatus = Literal["ok", "timeout", "crashed", "error", "pool_error"]
@@ -244,6 +252,16 @@ def _channel_lock_is_wedged(pool: ProcessPool, timeout_s: float = LOCK_PROBE_S) 
         mutex.release()
         return False
     return True
+
+
+def _pool_is_running(pool: ProcessPool | None) -> bool:
+    """False once *pool* has left pebble's running/closing states (broken, or stopped)."""
+    if pool is None:
+        return True
+    try:
+        return bool(pool.active)
+    except Exception:
+        return False
 
 
 def _backoff_sleep(seconds: float) -> None:
@@ -445,6 +463,7 @@ class TimedProcessPool:
         """
         t_submit = time.monotonic()
         t_running: float | None = None
+        t_stopped = 0.0
         pool = getattr(future, "_klear_pool", None)
         while True:
             try:
@@ -468,6 +487,13 @@ class TimedProcessPool:
             if now - t_submit > STALL_CHECK_S and self._check_wedged(pool):
                 future.cancel()
                 return TaskOutcome("pool_error", detail="pool wedged by a dead worker; replaced")
+            if not _pool_is_running(pool):
+                # pebble aborts the tasks it registered when its pool breaks; one still in its
+                # scheduler queue then, or running while its loops stop, is never finished.
+                t_stopped = t_stopped or now
+                if now - t_stopped > ORPHAN_GRACE_S:
+                    future.cancel()
+                    return TaskOutcome("pool_error", detail="pool stopped before the task finished")
             if future.running():
                 if t_running is None:
                     t_running = now
