@@ -9,12 +9,10 @@ SUMMARY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def cpu_flag_set() -> set[str]:
-    """The ``flags`` of the first CPU in ``/proc/cpuinfo`` (empty where there is none, e.g. not Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration, IndexError):
-        return set()
+    """The ``flags`` of the first CPU in ``/proc/cpuinfo`` (:func:`klear.precision.cpu_flags`; empty off Linux)."""
+    from klear.precision import cpu_flags
+
+    return set(cpu_flags())
 
 
 def cpu_flags() -> str:

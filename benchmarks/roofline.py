@@ -38,9 +38,9 @@ FLOPs are counted from the model config (:func:`forward_flops`), not measured:
 
 Usage: ``python benchmarks/roofline.py [--quick]``. ``--quick`` (under a minute) uses 2 prompts x 8 rows,
 8 decode steps and micro-batches of 8. Prints load average, CPU flags and torch's thread count at start and end,
-then one markdown table. Sized for about 4 minutes (full, with bf16) and under 1 minute (``--quick``) on 2 idle
-cores; not yet timed idle: with another 2-thread benchmark sharing the cores the full run took 6 minutes and
-``--quick`` 1.5 to 3.7.
+then one markdown table, then the first-step on-policy ratio per dtype (:func:`ratio_spread`). The full run took
+248 s on 2 idle cores with AMX (with bf16); with another 2-thread benchmark sharing the cores it took 6 minutes,
+and ``--quick`` 1.5 to 3.7.
 """
 
 from __future__ import annotations
@@ -216,8 +216,9 @@ def old_log_prob(model, ids, mask, completion: int, micro_batch: int) -> torch.T
         )
 
 
-def train_step(model, ids, mask, completion: int, old: torch.Tensor, settings) -> None:
-    """Forward, GPPO loss (klear's ``total_loss``) and backward of one micro-batch."""
+def train_step(model, ids, mask, completion: int, old: torch.Tensor, settings) -> torch.Tensor:
+    """Forward, GPPO loss (klear's ``total_loss``) and backward of one micro-batch; returns the detached
+    ``log_prob`` ``(rows, completion)`` float32 the loss saw."""
     from klear.rl.losses import LossInputs, total_loss
 
     log_prob, entropy = fused_log_probs(model, ids, mask, completion)
@@ -238,6 +239,16 @@ def train_step(model, ids, mask, completion: int, old: torch.Tensor, settings) -
         settings,
     )
     loss.backward()
+    return log_prob.detach().float()
+
+
+def ratio_spread(log_prob: torch.Tensor, old: torch.Tensor) -> dict[str, float]:
+    """The on-policy ratio on the first step of a fresh rollout, before any update (1 everywhere in exact
+    arithmetic): ``ratio_max``/``ratio_min`` of ``r = exp(log_prob - old_log_prob)`` and ``ppo_kl`` =
+    mean(``old_log_prob - log_prob``) over the tokens, as the trainer logs them."""
+    diff = log_prob.double() - old.double()
+    ratio = diff.exp()
+    return {"ratio_max": float(ratio.max()), "ratio_min": float(ratio.min()), "ppo_kl": float((-diff).mean())}
 
 
 def build_optimizer(model, trainer: dict):
@@ -269,8 +280,9 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def run_phases(
     model, input_ids, mask, *, steps: int, micro_batch: int, settings, autocast: bool
-) -> tuple[dict[str, float], torch.Tensor]:
-    """Wall seconds of prefill, decode, old_log_prob and one micro-batch's forward+backward (one run each)."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Wall seconds of prefill, decode, old_log_prob and one micro-batch's forward+backward (one run each), and
+    :func:`ratio_spread` of that micro-batch (its old_log_prob from the no-grad pass, log_prob from training's)."""
     ctx: Callable[[], contextlib.AbstractContextManager] = (
         (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
     )
@@ -291,8 +303,8 @@ def run_phases(
         mb, mb_mask, mb_old = ids[:micro_batch], full_mask[:micro_batch], old[:micro_batch].float()
         train_step(model, mb[:2], mb_mask[:2], steps, mb_old[:2], settings)
         model.zero_grad(set_to_none=True)
-        seconds["train fwd+bwd"], _ = timed(lambda: train_step(model, mb, mb_mask, steps, mb_old, settings))
-    return seconds, completion
+        seconds["train fwd+bwd"], log_prob = timed(lambda: train_step(model, mb, mb_mask, steps, mb_old, settings))
+    return seconds, ratio_spread(log_prob, mb_old)
 
 
 def optimizer_seconds(model, trainer: dict, repeats: int = 3) -> float:
@@ -365,14 +377,14 @@ def main() -> None:
         flush=True,
     )
 
-    seconds = {}
-    seconds["fp32"], _ = run_phases(
+    seconds, spread = {}, {}
+    seconds["fp32"], spread["fp32"] = run_phases(
         model, input_ids, mask, steps=steps, micro_batch=micro_batch, settings=settings, autocast=False
     )
     seconds["fp32"]["optimizer"] = optimizer_seconds(model, trainer)
     print(f"fp32 phases done ({sum(seconds['fp32'].values()):.0f} s)", flush=True)
     if bf16:
-        seconds["bf16"], _ = run_phases(
+        seconds["bf16"], spread["bf16"] = run_phases(
             model, input_ids, mask, steps=steps, micro_batch=micro_batch, settings=settings, autocast=True
         )
         model.zero_grad(set_to_none=True)
@@ -402,6 +414,9 @@ def main() -> None:
         print(line)
     gbs = OPTIMIZER_BYTES_PER_PARAM * n_params / seconds["fp32"]["optimizer"] / 1e9
     print(f"\noptimizer memory traffic >= {gbs:.1f} GB/s ({OPTIMIZER_BYTES_PER_PARAM} bytes per parameter)")
+    print("\non-policy ratio on the first step (training forward vs the no-grad old_log_prob pass, one micro-batch):")
+    for name, stats in spread.items():
+        print(f"  {name}: " + ", ".join(f"{k} {v:.6g}" for k, v in stats.items()))
     print(f"whole run {time.perf_counter() - began:.0f} s")
 
 

@@ -151,7 +151,12 @@ def test_overrides_parse_yaml_values():
         apply_overrides({"a": 1}, ["a.b=2"])
 
 
-def test_shipped_recipes_are_valid():
+@pytest.mark.parametrize("flags", [frozenset(), frozenset({"amx_bf16"})], ids=["cpu", "amx-cpu"])
+def test_shipped_recipes_are_valid(monkeypatch, flags):
+    """The GPU recipe (bf16: true, vLLM rollouts) validates alike on a CPU with AMX, where bf16 could run."""
+    import klear.precision
+
+    monkeypatch.setattr(klear.precision, "cpu_flags", lambda: flags)
     for name in ("rl_demo", "rl_math_klear"):
         cfg, path = load_config(name)
         if cfg.get("model") is None:  # the paper recipe needs the user's SFT checkpoint and data

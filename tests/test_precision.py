@@ -41,6 +41,59 @@ def fake_gpu(monkeypatch):
     return install
 
 
+@pytest.fixture(autouse=True)
+def cpu_without_amx(monkeypatch):
+    """Every test here sees a CPU without AMX (as the AMD hosts), whatever this machine has; ``amx`` opts in."""
+    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+
+
+@pytest.fixture()
+def amx(monkeypatch):
+    """A CPU with native bf16 matmul (Intel AMX)."""
+    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
+
+
+def test_cpu_native_bf16_reads_the_amx_flag(monkeypatch, tmp_path):
+    import builtins
+
+    real_open = builtins.open
+    info = tmp_path / "cpuinfo"
+
+    def fake_open(path, *a, **k):
+        return real_open(info if path == "/proc/cpuinfo" else path, *a, **k)
+
+    monkeypatch.undo()  # the real cpu_flags, reading a fake /proc/cpuinfo
+    monkeypatch.setattr(builtins, "open", fake_open)
+    info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n\n")
+    assert P.cpu_native_bf16() and "amx_tile" in P.cpu_flags()
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n")  # AVX512-BF16 alone: no AMX
+    assert not P.cpu_native_bf16()
+    info.write_text("processor\t: 0\n")
+    assert P.cpu_flags() == frozenset() and not P.cpu_native_bf16()
+
+
+@pytest.mark.parametrize(
+    "bf16, expected",
+    [("auto", "float32"), (None, "float32"), (False, "float32"), (True, "bfloat16")],
+)
+def test_amx_cpu_runs_bf16_only_when_asked(fake_gpu, amx, bf16, expected):
+    fake_gpu(NO_GPU)
+    got = P.resolve_precision(bf16)
+    assert (got.device, got.dtype, got.requested) == ("cpu", expected, "auto" if bf16 is None else bf16)
+    cfg, _ = P.resolve_trainer_precision({"bf16": bf16})
+    assert (cfg["bf16"], cfg["fp16"], cfg["use_cpu"]) == (expected == "bfloat16", False, True)
+    with pytest.raises(ValueError, match="fp16=true needs a CUDA GPU"):
+        P.resolve_precision(False, fp16=True)
+
+
+def test_amx_cpu_does_not_change_what_a_gpu_gets(fake_gpu, amx):
+    fake_gpu(V100)
+    with pytest.raises(ValueError, match="Tesla V100-SXM2-32GB\\) has compute capability 7.0"):
+        P.resolve_precision(True)
+    fake_gpu(A100)
+    assert P.resolve_precision(True).device == "cuda"
+
+
 @pytest.mark.parametrize(
     "gpu, bf16, fp16, expected",
     [
@@ -73,7 +126,8 @@ def test_resolve_precision(fake_gpu, gpu, bf16, fp16, expected):
             NO_GPU,
             True,
             False,
-            "bf16=true needs a CUDA GPU with native bf16 \\(compute capability >= 8.0\\); none is visible",
+            "bf16=true needs a CUDA GPU with native bf16 \\(compute capability >= 8.0\\) or a CPU with AMX "
+            "\\(amx_bf16 in /proc/cpuinfo\\); none is visible and this CPU has no amx_bf16",
         ),
         (
             V100,
@@ -349,6 +403,26 @@ def test_rl_job_on_cpu_resolves_to_float32(tmp_path, tiny_ckpt, parity_reward, c
     with pytest.raises(ValueError, match="bf16=true needs a CUDA GPU"):
         run_rl(cfg)
     assert not (tmp_path / "bf16").exists()
+
+
+def test_rl_job_runs_bf16_autocast_on_an_amx_cpu(tmp_path, tiny_ckpt, parity_reward, amx):
+    """``trainer.bf16: true`` on a CPU with AMX: the job trains under CPU bf16 autocast over float32 weights and
+    records it; the first step of the rollout is on-policy to the bit (ratio 1, ppo_kl 0)."""
+    import torch
+
+    assert not torch.cuda.is_available()
+    cfg = _rl_job(tmp_path, tiny_ckpt, parity_reward, bf16=True, max_steps=2, steps_per_generation=2)
+    run_rl(cfg)
+    run = tmp_path / "run"
+    assert json.loads((run / "run.json").read_text())["precision"] == {
+        "device": "cpu",
+        "dtype": "bfloat16",
+        "requested": True,
+    }
+    trainer = yaml.safe_load((run / "config.yaml").read_text())["trainer"]
+    assert (trainer["bf16"], trainer["fp16"], trainer["use_cpu"]) == (True, False, True)
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert (first["klear/ratio_max"], first["klear/ratio_min"], first["klear/ppo_kl"]) == (1.0, 1.0, 0.0), first
 
 
 def test_klear_eval_refuses_bf16_on_cpu_before_loading(tmp_path, capsys):

@@ -4,6 +4,7 @@ run through the script's own phase functions (GQA and a head_dim that is not hid
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -109,3 +110,12 @@ def test_every_phase_counts_what_flop_counter_mode_sees(rf):
     head = 2 * model.config.hidden_size * model.config.vocab_size * micro_batch * (prompt + steps - 1)
     assert train == expected["train fwd+bwd"] + head - 2 * head
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_ratio_spread_by_hand(rf):
+    old = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], dtype=torch.float64)
+    new = old + torch.tensor([[0.1, -0.2], [0.0, 0.3]], dtype=torch.float64)
+    got = rf.ratio_spread(new, old)
+    assert got["ratio_max"] == pytest.approx(math.exp(0.3), rel=1e-12)
+    assert got["ratio_min"] == pytest.approx(math.exp(-0.2), rel=1e-12)
+    assert got["ppo_kl"] == pytest.approx(-(0.1 - 0.2 + 0.0 + 0.3) / 4, rel=1e-12)

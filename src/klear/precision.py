@@ -4,12 +4,17 @@
 bf16 (compute capability >= 8.0: A100, H100, L4, RTX 30xx and newer), and float32 otherwise. A GPU below
 8.0 (V100 7.0, T4 7.5) only emulates bf16 (``torch.cuda.is_bf16_supported()`` counts that as support; this
 rule does not): no bf16 tensor cores, and vLLM refuses bfloat16 there. On such a GPU ``bf16: auto`` is
-float32; float16 is used only when the recipe asks (``fp16: true``). On a CPU every stage runs in float32:
-CPU bf16 autocast is slow (3.5x per RL step measured on a 2-core machine) and breaks the on-policy ratio,
-because the rollout's ``old_log_prob`` and the training forward then round differently (first-step
-``ratio_max`` 1.14 instead of 1.0). An explicit ``bf16: true`` without a CUDA GPU of capability >= 8.0
-(the message names the GPU and its capability), or ``fp16: true`` without a CUDA GPU, is an error raised
-before any model loads.
+float32; float16 is used only when the recipe asks (``fp16: true``).
+
+On a CPU ``bf16: auto`` is float32. An explicit ``bf16: true`` (bf16 autocast over float32 weights, as on a
+GPU) is allowed on a CPU with native bf16 matmul, i.e. AMX (``amx_bf16`` in ``/proc/cpuinfo``: Intel Xeon
+Sapphire Rapids and newer), where the model's matmul-heavy phases run 3-9x faster than in float32
+(``benchmarks/roofline.py``) but the demo's whole RL step only 1.12x (docs/performance.md, with the first-step
+on-policy ratio: 1.0 in both). Without AMX (e.g. AMD EPYC) CPU bf16 is emulated and slow (3.5x slower per RL
+step measured), so it is refused. It stays opt-in: whether bf16 keeps the demo's held-out gain is unmeasured.
+
+An explicit ``bf16: true`` without a CUDA GPU of capability >= 8.0 (the message names the GPU and its
+capability) or an AMX CPU, or ``fp16: true`` without a CUDA GPU, is an error raised before any model loads.
 
 :func:`resolve_precision` decides; :func:`resolve_trainer_precision` applies the decision to a
 TRL/transformers ``TrainingArguments`` section; :func:`torch_dtype` gives the dtype for loading a
@@ -31,6 +36,8 @@ __all__ = [
     "BF16_MIN_CAPABILITY",
     "DTYPE_CHOICES",
     "set_cpu_runtime_defaults",
+    "cpu_flags",
+    "cpu_native_bf16",
 ]
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -104,6 +111,20 @@ def cuda_device() -> CudaDevice | None:
     return CudaDevice(str(torch.cuda.get_device_name()), (int(major), int(minor)))
 
 
+def cpu_flags() -> frozenset[str]:
+    """The ``flags`` of the first CPU in ``/proc/cpuinfo`` (empty where there is none, e.g. not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration, IndexError):
+        return frozenset()
+
+
+def cpu_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AMX, ``amx_bf16``); the one place klear asks."""
+    return "amx_bf16" in cpu_flags()
+
+
 def _bf16_refusal(what: str, gpu: CudaDevice | None, fix: str) -> str:
     """Why ``what`` (e.g. ``"trainer.bf16=true"``) cannot run on this machine, and ``fix``: one line."""
     found = "none is visible" if gpu is None else gpu.describe()
@@ -115,8 +136,8 @@ def resolve_precision(bf16: Any = "auto", *, fp16: Any = False, where: str = "tr
 
     Args:
         bf16: ``"auto"`` or ``None`` (bf16 on a CUDA GPU with native bf16, i.e. compute capability >= 8.0;
-            float32 otherwise, including a 7.x GPU), ``True`` (bf16; needs such a GPU) or ``False`` (float32, or
-            fp16 if ``fp16``).
+            float32 otherwise, including a 7.x GPU and every CPU), ``True`` (bf16; needs such a GPU or, without a
+            GPU, an AMX CPU) or ``False`` (float32, or fp16 if ``fp16``).
         fp16: ``True`` for float16 mixed precision (needs a CUDA GPU, any capability; not with ``bf16: true``).
         where: the recipe section, for error messages (``"trainer"``).
 
@@ -124,8 +145,9 @@ def resolve_precision(bf16: Any = "auto", *, fp16: Any = False, where: str = "tr
         The :class:`Precision`.
 
     Raises:
-        ValueError: a value other than true/false/auto, bf16 or fp16 asked for without a CUDA GPU, bf16 asked
-            for on a GPU below compute capability 8.0 (the message names the GPU and its capability), or both.
+        ValueError: a value other than true/false/auto, fp16 asked for without a CUDA GPU, bf16 asked for
+            without a CUDA GPU on a CPU without AMX, or on a GPU below compute capability 8.0 (the message names
+            the GPU and its capability), or both.
     """
     if bf16 is None:
         bf16 = "auto"
@@ -144,13 +166,18 @@ def resolve_precision(bf16: Any = "auto", *, fp16: Any = False, where: str = "tr
             raise ValueError(f"{where}.fp16=true needs a CUDA GPU; none is visible (float32 is used on CPU)")
         return Precision(device, "float16", requested="fp16")
     native_bf16 = gpu is not None and gpu.native_bf16
+    if bf16 is True and gpu is None and cpu_native_bf16():
+        return Precision(device, "bfloat16", requested=bf16)
     if bf16 is True and not native_bf16:
-        fix = (
-            "use bf16: auto, which means float32 here: CPU bf16 autocast is slow and breaks the on-policy ratio"
-            if gpu is None
-            else "use bf16: auto, which means float32 on it, or fp16: true"
+        if gpu is None:
+            raise ValueError(
+                f"{where}.bf16=true needs a CUDA GPU with native bf16 (compute capability >= 8.0) or a CPU with "
+                "AMX (amx_bf16 in /proc/cpuinfo); none is visible and this CPU has no amx_bf16 (use bf16: auto, "
+                "which means float32 here: bf16 on a CPU without AMX is emulated and slow)"
+            )
+        raise ValueError(
+            _bf16_refusal(f"{where}.bf16=true", gpu, "use bf16: auto, which means float32 on it, or fp16: true")
         )
-        raise ValueError(_bf16_refusal(f"{where}.bf16=true", gpu, fix))
     use_bf16 = native_bf16 if bf16 == "auto" else bf16
     return Precision(device, "bfloat16" if use_bf16 else "float32", requested=bf16)
 

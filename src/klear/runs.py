@@ -220,9 +220,10 @@ def trainer_arguments(
     (e.g. TRL's batch-size divisibility) and :func:`check_trainer_ranges`. Used by the jobs' validators (so
     ``klear experiment`` runs every check when it plans the grid) and by :func:`prepare_run`.
 
-    With ``machine_checks=False`` (the validators) a precision this machine cannot run (``bf16: true`` without a
-    CUDA GPU) is left to :func:`prepare_run`: a GPU recipe still validates on a laptop, and everything else in
-    it is checked as this machine would build it (vLLM-on-CPU settings are then not checked either). A
+    With ``machine_checks=False`` (the validators) ``bf16: true`` without a CUDA GPU (refused, or bf16 autocast on
+    an AMX CPU) is left to :func:`prepare_run`, so the validators answer alike on every CPU: a GPU recipe still
+    validates on a laptop, and everything else in it is checked as this machine would build it (vLLM-on-CPU
+    settings are then not checked either). A
     FlashAttention ``model_init_kwargs.attn_implementation`` is checked
     (:func:`klear.precision.check_attention_implementation`) on a CUDA machine always, on a CPU one only by
     :func:`prepare_run`.
@@ -241,11 +242,14 @@ def trainer_arguments(
     other_machine = False
     try:
         trainer_cfg, precision = resolve_trainer_precision(config["trainer"])
+        # bf16 on an AMX CPU is this machine's choice too, but a recipe asking for bf16 validates alike everywhere
+        other_machine = not machine_checks and precision.device == "cpu" and precision.bf16
     except ValueError as e:
         if machine_checks:
             raise ValueError(f"{source}: {e}") from None
-        # a recipe for another machine (bf16 on a GPU): check everything else as this machine would build it
         other_machine = True
+    if other_machine:
+        # a recipe for another machine (bf16 on a GPU): check everything else as this machine would build it
         trainer_cfg, precision = resolve_trainer_precision(
             {k: v for k, v in config["trainer"].items() if k not in ("bf16", "fp16")}
         )
