@@ -5,19 +5,14 @@ Run from ``benchmarks/`` as scripts (``python benchmarks/X.py``), they import it
 
 from __future__ import annotations
 
+from klear import precision  # cpu_flags: /proc/cpuinfo is read in one place
+
 SUMMARY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-
-
-def cpu_flag_set() -> set[str]:
-    """The ``flags`` of the first CPU in ``/proc/cpuinfo`` (:func:`klear.precision.cpu_flags`; empty off Linux)."""
-    from klear.precision import cpu_flags
-
-    return set(cpu_flags())
 
 
 def cpu_flags() -> str:
     """Which of avx2, avx512f, avx512_bf16 and amx_bf16 the CPU has, as one line."""
-    flags = cpu_flag_set()
+    flags = precision.cpu_flags()
     if not flags:
         return "unknown"
     return " ".join(f for f in SUMMARY_FLAGS if f in flags) or "none of avx2/avx512"
@@ -25,7 +20,7 @@ def cpu_flags() -> str:
 
 def vector_flags() -> str:
     """Every ``avx512*`` and ``amx*`` flag of the CPU, sorted, as one line."""
-    flags = cpu_flag_set()
+    flags = precision.cpu_flags()
     if not flags:
         return "unknown"
     return " ".join(sorted(f for f in flags if f.startswith(("avx512", "amx")))) or "no avx512/amx"

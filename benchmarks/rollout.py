@@ -41,13 +41,7 @@ import time
 
 import torch
 
-
-def _cpu_flags() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "unknown"
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "none of avx2/avx512"
+from _machine import cpu_flags
 
 
 def _in_process_env() -> None:
@@ -149,7 +143,7 @@ def compare_decode(args) -> None:
     prompt_ids = [list(x["input_ids"]) if hasattr(x, "keys") else list(x) for x in prompt_ids]
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     print(
-        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {_cpu_flags()}, torch threads "
+        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {cpu_flags()}, torch threads "
         f"{torch.get_num_threads()}; {n_prompts} prompts x {group} samples, temperature {temperature}, "
         f"prompt tokens {min(map(len, prompt_ids))}-{max(map(len, prompt_ids))}, "
         f"{'natural lengths' if args.natural else 'forced lengths'}",
@@ -292,7 +286,7 @@ def main() -> None:
             training_bytes=4 * parameter_count(model_path, config),
         )
     print(
-        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {_cpu_flags()}, torch threads "
+        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {cpu_flags()}, torch threads "
         f"{torch.get_num_threads()}; {n_prompts} prompts x {group} samples, temperature {temperature}, "
         f"prompt tokens {min(map(len, prompt_ids))}-{max(map(len, prompt_ids))}, vLLM memory fraction {memory}",
         flush=True,

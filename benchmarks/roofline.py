@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from _machine import cpu_flag_set, cpu_model, vector_flags
+from _machine import cpu_model, vector_flags
 
 ADAMW_FLOPS_PER_PARAM = 14
 CLIP_FLOPS_PER_PARAM = 3
@@ -337,12 +337,13 @@ def main() -> None:
     args = p.parse_args()
 
     from klear.models.embedded import resolve_model_path
+    from klear.precision import cpu_native_bf16
     from klear.rl.losses import LossSettings
 
     began = time.perf_counter()
     print(machine_line("start"), flush=True)
     prompts, steps, micro_batch, repeats = (2, 8, 8, 10) if args.quick else (16, 32, 32, 20)
-    bf16 = "amx_bf16" in cpu_flag_set() and not args.no_bf16
+    bf16 = cpu_native_bf16() and not args.no_bf16
     torch.manual_seed(0)
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16} if bf16 else {"fp32": torch.float32}

@@ -463,7 +463,7 @@ class TimedProcessPool:
         """
         t_submit = time.monotonic()
         t_running: float | None = None
-        t_stopped = 0.0
+        t_stopped: float | None = None
         pool = getattr(future, "_klear_pool", None)
         while True:
             try:
@@ -490,7 +490,8 @@ class TimedProcessPool:
             if not _pool_is_running(pool):
                 # pebble aborts the tasks it registered when its pool breaks; one still in its
                 # scheduler queue then, or running while its loops stop, is never finished.
-                t_stopped = t_stopped or now
+                if t_stopped is None:
+                    t_stopped = now
                 if now - t_stopped > ORPHAN_GRACE_S:
                     future.cancel()
                     return TaskOutcome("pool_error", detail="pool stopped before the task finished")
