@@ -957,7 +957,9 @@ def test_erc_is_the_base_loss_with_a_gradient_mask(config, seed, agg):
     assert metrics["entropy_ratio_max"].item() == rho[m].max().item()
     assert metrics["entropy_ratio_min"].item() == rho[m].min().item()
     for key, value in base_metrics.items():  # the shared metrics are the base mode's
-        assert metrics[key].item() == value.item(), key
+        if key != "clip_grad_share":  # a gradient metric: ERC takes gradient away (checked below)
+            assert metrics[key].item() == value.item(), key
+    assert metrics["clip_grad_share"].item() <= 1.0
 
 
 def test_erc_entropy_epsilon_and_nan():
@@ -1020,3 +1022,45 @@ def test_entropy_metrics_of_the_clip_categories():
     assert m["entropy_share_clip_high"].item() == pytest.approx((0.1 + 0.4) / 6, rel=1e-12)  # cispo: any sign of A
     _, m = policy_loss(lp, old, a, torch.zeros_like(mask), entropies=h)
     assert m["entropy_mean"].item() == 0.0 and m["entropy_share_clip_high"].item() == 0.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("loss_mode", ["gppo", "ppo_clip", "cispo"])
+def test_clip_grad_share_and_log_ratio_by_advantage_sign_by_hand(loss_mode, seed):
+    """The mechanism metrics from float64 formulas: d loss_t / d log_prob_t is -r*A on unclipped tokens, 0 on
+    PPO's clipped ones (Eq. 10), -F*A with F = 1-eps_low / 1+eps_high on GPPO's (Eq. 12), -clip(r)*A for CISPO
+    (Eq. 16); the share is the clipped tokens' part of sum |d loss_t / d log_prob_t| (any aggregation: the
+    per-token derivative, not the aggregated one)."""
+    lp, old, adv, mask = _random_batch(seed, b=6, t=9, spread=0.8)
+    x = lp.clone().requires_grad_(True)
+    _, metrics = policy_loss(
+        x,
+        old,
+        adv,
+        mask,
+        loss_mode=loss_mode,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=None,
+        loss_agg_mode="seq-mean-token-mean",
+    )
+    m = mask.bool()
+    a = adv[:, None].expand_as(lp)
+    r = torch.exp(lp - old)
+    lo, hi = 0.8, 1.28
+    if loss_mode == "cispo":
+        high, low = m & (r > hi), m & (r < lo)
+        d = -r.clamp(lo, hi) * a
+    else:
+        high, low = m & (a > 0) & (r > hi), m & (a < 0) & (r < lo)
+        d = -r * a
+        d = torch.where(high, -hi * a if loss_mode == "gppo" else 0.0, d)
+        d = torch.where(low, -lo * a if loss_mode == "gppo" else 0.0, d)
+    assert int((high | low).sum()) > 0
+    share = d.abs()[high | low].sum() / d.abs()[m].sum()
+    assert metrics["clip_grad_share"].item() == pytest.approx(share.item(), rel=1e-12)
+    assert (share.item() == 0.0) == (loss_mode == "ppo_clip")
+    for name, side in (("log_ratio_adv_pos", a > 0), ("log_ratio_adv_neg", a < 0)):
+        assert metrics[name].item() == pytest.approx((lp - old)[m & side].mean().item(), rel=1e-12), name
+    _, no_grad_metrics = policy_loss(lp, old, adv, mask, loss_mode=loss_mode)  # nothing to differentiate
+    assert "clip_grad_share" not in no_grad_metrics

@@ -1,4 +1,4 @@
-"""Command line: ``klear rl|sft|eval|data|experiment ...``; this module only dispatches.
+"""Command line: ``klear rl|sft|eval|data|experiment|bench ...``; this module only dispatches.
 
 Each subcommand lives in its own module that exposes ``add_parser(subparsers)``; the
 parser it adds must ``set_defaults(func=handler)`` where ``handler(ns) -> int`` returns the
@@ -20,6 +20,7 @@ _SUBCOMMAND_MODULES: list[str] = [
     "klear.eval.cli",  # (klear eval)
     "klear.data.cli",  # (klear data)
     "klear.experiment.cli",  # (klear experiment)
+    "klear.experiment.bench",  # (klear bench); importing it lets model: bench:<name> build on first use
 ]
 
 

@@ -42,6 +42,9 @@ METRICS: list[tuple[str, tuple[str, ...]]] = [
     ("grad_norm", ("grad_norm",)),
     ("completion_length", ("completions/mean_length",)),
     ("zero_adv_frac", ("klear/zero_adv_group_frac", "frac_reward_zero_std")),
+    ("clip_grad_share", ("klear/clip_grad_share",)),
+    ("log_ratio_adv_pos", ("klear/log_ratio_adv_pos",)),
+    ("log_ratio_adv_neg", ("klear/log_ratio_adv_neg",)),
 ]
 
 

@@ -30,6 +30,10 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Names a user may pass as `model_name_or_path` to mean the embedded model.
 EMBEDDED_ALIASES = {"embedded", "smollm2-135m-instruct", EMBEDDED_MODEL_NAME.lower()}
 _MARKER = ".klear-converted"
+#: ``model: bench:<name>`` names a bench model (:mod:`klear.experiment.bench` builds it; this layer finds it).
+BENCH_PREFIX = "bench:"
+BENCH_MARKER = "bench.json"
+_bench_builder = None  # fn(name) that builds a bench model when stale or missing; set by klear.experiment.bench
 
 
 def cache_dir() -> Path:
@@ -101,14 +105,38 @@ def embedded_model_path(cache: str | os.PathLike | None = None) -> Path:
     return target
 
 
+def bench_model_dir(name: str, cache: str | os.PathLike | None = None) -> Path:
+    """Where bench model ``name`` lives once built: ``<cache>/models/bench-<name>``."""
+    return (Path(cache) if cache is not None else cache_dir()) / "models" / f"bench-{name}"
+
+
+def set_bench_builder(builder) -> None:
+    """Register ``builder(name)``, called by :func:`resolve_model_path` for every ``bench:<name>`` so a missing or
+    stale bench model is built on first use (the builder lives in a layer above this one)."""
+    global _bench_builder
+    _bench_builder = builder
+
+
 def resolve_model_path(name_or_path: str) -> str:
-    """Map ``"embedded"`` (or the embedded model's name) to its converted checkpoint; pass anything else through.
+    """Map ``"embedded"`` (or the embedded model's name) to its converted checkpoint and ``bench:<name>`` to its
+    built folder; pass anything else through.
 
     Raises:
-        FileNotFoundError: a local-looking path (``/``, ``./``, ``../``, ``~``) that is not a directory.
+        FileNotFoundError: a local-looking path (``/``, ``./``, ``../``, ``~``) that is not a directory; a bench
+            model that is not built yet and no builder registered (:func:`set_bench_builder`).
     """
     if name_or_path.strip().lower() in EMBEDDED_ALIASES:
         return str(embedded_model_path())
+    if name_or_path.startswith(BENCH_PREFIX):
+        folder = bench_model_dir(name_or_path[len(BENCH_PREFIX) :])
+        if _bench_builder is not None:
+            _bench_builder(name_or_path[len(BENCH_PREFIX) :])
+        if not (folder / BENCH_MARKER).is_file():
+            raise FileNotFoundError(
+                f"model {name_or_path!r} is not built (expected {folder}); build it with: klear bench build "
+                f"{name_or_path[len(BENCH_PREFIX) :]}"
+            )
+        return str(folder)
     looks_local = name_or_path.startswith(("/", "./", "../", "~")) or os.path.sep + os.path.sep in name_or_path
     if looks_local and not Path(name_or_path).expanduser().is_dir():
         raise FileNotFoundError(

@@ -677,9 +677,21 @@ def aggregate(
 
 
 def _policy_metrics(
-    t: TokenTerms, clipped_high: torch.Tensor, clipped_low: torch.Tensor, dual: torch.Tensor, acc: torch.dtype
+    t: TokenTerms,
+    clipped_high: torch.Tensor,
+    clipped_low: torch.Tensor,
+    dual: torch.Tensor,
+    acc: torch.dtype,
+    per_tok: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """Detached 0-dim metrics over the unmasked tokens (see :func:`policy_loss`); no host sync."""
+    grad_share = None
+    if per_tok.requires_grad and t.log_prob.requires_grad:
+        # d(loss_t)/d(log_prob_t): each token's loss depends on its own log-prob only
+        (g,) = torch.autograd.grad(per_tok.sum(), t.log_prob, retain_graph=True, allow_unused=True)
+        if g is not None:
+            g = g.detach().abs().to(acc)
+            grad_share = torch.where(clipped_high | clipped_low, g, 0.0).sum() / g.sum().clamp(min=1e-30)
     with torch.no_grad():
         mask = t.mask
         tok_count = mask.sum()
@@ -700,6 +712,12 @@ def _policy_metrics(
             "ratio_max": r_max,
             "ratio_min": r_min,
         }
+        log_ratio = t.log_ratio.detach().to(acc)
+        for name, side in (("log_ratio_adv_pos", t.adv > 0), ("log_ratio_adv_neg", t.adv < 0)):
+            side = mask & side
+            metrics[name] = torch.where(side, log_ratio, 0.0).sum() / side.sum().clamp(min=1)
+        if grad_share is not None:
+            metrics["clip_grad_share"] = grad_share
         if t.entropies is not None:
             ent = t.entropies.to(_acc_dtype(t.entropies.dtype))
 
@@ -742,7 +760,9 @@ def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> tuple[tor
     per_tok = torch.where(t.mask, per_tok, 0.0).to(acc)
     loss = aggregate(per_tok, t.mask, settings.loss_agg_mode, num_tokens=inputs.num_tokens, num_seqs=inputs.num_seqs)
     # The categories unclipped / high / low / dual are disjoint: a dual-capped token is not counted as clipped.
-    metrics = _policy_metrics(t, t.mask & out.clipped_high & ~dual, t.mask & out.clipped_low & ~dual, dual, acc)
+    metrics = _policy_metrics(
+        t, t.mask & out.clipped_high & ~dual, t.mask & out.clipped_low & ~dual, dual, acc, per_tok
+    )
     if out.metrics is not None:
         metrics.update({k: v.to(acc) for k, v in out.metrics.items()})
     return loss, metrics
@@ -801,6 +821,12 @@ def policy_loss(
         * ``ppo_kl``: approximate KL, mean of ``old_log_prob - log_prob``.
         * ``ratio_mean``, ``ratio_max``, ``ratio_min``: of ``r`` (after the log-ratio
             clamp); 1.0 when there is no unmasked token.
+        * ``log_ratio_adv_pos`` / ``log_ratio_adv_neg``: mean ``log_prob - old_log_prob`` (nats) of the
+            tokens with ``A > 0`` / ``A < 0`` (0 when there is none): how far the updates since the rollout
+            moved the positive and the negative samples.
+        * ``clip_grad_share`` (only when ``log_prob`` requires grad): the clipped tokens' (high and low, not
+            dual-capped) share of ``sum |d loss_t / d log_prob_t|`` over the unmasked tokens: 0 for PPO /
+            Clip-Higher (Eq. 10), what GPPO (Eq. 12) and CISPO give back to the clipped tokens.
 
         With ``entropies`` (any mode; nats; 0 when there is no unmasked token):
 

@@ -1,0 +1,161 @@
+"""The bench (klear.experiment.bench): a tiny policy built by klear sft from scratch, cached by its spec, named by a
+recipe as ``model: bench:<name>`` and run by ``klear experiment`` through the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+
+import klear.experiment.bench as bench
+from klear.cli import main as klear_main
+from klear.config import find_config
+from klear.models import embedded
+
+# A spec small enough to build in seconds: a 2-layer Llama, 96 teacher examples, checkpoints every 3 steps.
+TINY = bench.BenchSpec(
+    tasks=bench.BENCH_MODELS["arith"].tasks,
+    description="tiny test spec",
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=64,
+    sft={"data.train_size": 96, "trainer.per_device_train_batch_size": 16, "trainer.warmup_steps": 1},
+    band=(0.0, 1.0),
+    eval_samples=1,
+    heldout_size=8,
+    max_new_tokens=24,
+    select_every=3,
+)
+
+
+@pytest.fixture
+def tiny_bench(tmp_path, monkeypatch):
+    monkeypatch.setenv("KLEAR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(bench.BENCH_MODELS, "tiny", TINY)
+    monkeypatch.setattr(embedded, "_bench_builder", bench.ensure_bench_model)
+    return tmp_path
+
+
+def test_select_checkpoint_bisects_to_the_step_nearest_the_band_centre():
+    accuracy = {25: 0.0, 50: 0.1, 75: 0.3, 100: 0.44, 125: 0.52, 150: 0.7, 175: 0.8, 200: 0.9}
+    calls = []
+
+    def measure(step):
+        calls.append(step)
+        return accuracy[step]
+
+    step, seen = bench.select_checkpoint(sorted(accuracy), measure, (0.3, 0.6))
+    assert step == 100  # |0.44 - 0.45| is the smallest distance to the centre
+    assert len(calls) <= 4 and seen == {s: accuracy[s] for s in calls}
+    # never in band: the nearest is returned, the caller refuses it
+    step, _ = bench.select_checkpoint([1, 2, 3], lambda s: 0.01 * s, (0.3, 0.6))
+    assert step == 3
+
+
+def test_build_caches_by_spec_and_rebuilds_a_stale_model(tiny_bench, monkeypatch):
+    folder = bench.ensure_bench_model("tiny")
+    record = json.loads((folder / embedded.BENCH_MARKER).read_text())
+    assert folder == embedded.bench_model_dir("tiny") and record["key"] == TINY.key()
+    assert record["sft_step"] in {3, 6} and str(record["sft_step"]) in record["accuracy_by_step"]
+    assert record["accuracy"] == record["accuracy_by_step"][str(record["sft_step"])]
+    assert (folder / "tokenizer.json").is_file() and (folder / "config.json").is_file()
+    assert not list(folder.glob("optimizer*")) and not list(folder.parent.glob(".bench-*"))  # no leftovers
+    assert embedded.resolve_model_path("bench:tiny") == str(folder)
+
+    # cached: the same spec is not rebuilt
+    monkeypatch.setattr(bench, "build_bench_model", lambda *a, **k: pytest.fail("a current model was rebuilt"))
+    assert bench.ensure_bench_model("tiny") == folder
+    # stale: another spec under the same name is rebuilt
+    built = []
+    monkeypatch.setattr(
+        bench,
+        "build_bench_model",
+        lambda name, target: (
+            built.append(name) or {"accuracy": 0.5, "accuracy_measure": "m", "parameters": 1, "build_seconds": 0}
+        ),
+    )
+    monkeypatch.setitem(bench.BENCH_MODELS, "tiny", replace(TINY, seed=1))
+    bench.ensure_bench_model("tiny")
+    assert built == ["tiny"]
+
+
+def test_a_build_outside_its_band_raises_and_leaves_nothing(tiny_bench, monkeypatch):
+    monkeypatch.setitem(
+        bench.BENCH_MODELS, "tiny", replace(TINY, band=(0.99, 1.0), sft={**TINY.sft, "data.train_size": 32})
+    )
+    with pytest.raises(bench.BenchBuildError, match=r"'tiny'.*band \[0.99, 1.0\].*step 2: 0.000"):
+        bench.ensure_bench_model("tiny")
+    assert not embedded.bench_model_dir("tiny").exists()
+    assert not list(embedded.bench_model_dir("tiny").parent.glob(".bench-*"))
+
+
+def test_unknown_and_unbuilt_bench_models_name_the_fix(tiny_bench, monkeypatch):
+    with pytest.raises(ValueError, match="unknown bench model 'nope'; the bench has: arith"):
+        embedded.resolve_model_path("bench:nope")
+    monkeypatch.setattr(embedded, "_bench_builder", None)  # klear.experiment.bench not imported
+    with pytest.raises(FileNotFoundError, match="klear bench build tiny"):
+        embedded.resolve_model_path("bench:tiny")
+
+
+def test_the_shipped_recipe_measures_what_the_build_measured():
+    """The RL recipe's step-0 held-out evaluation is the build's measurement: the same problems, scorer, token
+    budget and sampling, so the band the model was built into is where RL starts."""
+    from klear.data.rl_data import make_train_and_heldout
+
+    config = yaml.safe_load(find_config("rl_bench_arith").read_text())
+    spec = bench.BENCH_MODELS[config["model"].removeprefix("bench:")]
+    assert config["data"]["tasks"] == [dict(t) for t in spec.tasks]
+    assert config["data"]["data_source"] == bench.SELECT_DATA_SOURCE
+    assert config["data"]["heldout_size"] == spec.heldout_size and config.get("seed", 0) == spec.seed
+    assert config["eval"]["max_new_tokens"] == config["trainer"]["max_completion_length"] == spec.max_new_tokens
+    assert config["eval"]["temperature"] == spec.eval_temperature
+    _, rl_heldout = make_train_and_heldout(
+        config["data"]["tasks"],
+        train_size=1,
+        heldout_size=spec.heldout_size,
+        seed=config.get("seed", 0),
+        few_shot=None,
+        system_prompt=None,
+        data_source=config["data"]["data_source"],
+    )
+    assert rl_heldout["prompt"] == bench.heldout_problems(spec)["prompt"]
+
+
+def test_experiment_on_a_bench_model_through_the_cli(tiny_bench, capsys):
+    """`klear experiment` with a recipe naming `bench:tiny`: the model is built on first use, 2 arms x 2 seeds run,
+    and the report gives the seed-unit comparison with its minimum detectable effect."""
+    base = yaml.safe_load(find_config("rl_bench_arith").read_text())
+    base["model"] = "bench:tiny"
+    base["data"].update(tasks=[dict(t) for t in TINY.tasks], train_size=32, heldout_size=TINY.heldout_size)
+    base["eval"].update(max_new_tokens=TINY.max_new_tokens, every_steps=2)
+    base["trainer"].update(
+        max_steps=2,
+        steps_per_generation=1,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=TINY.max_new_tokens,
+    )
+    (tiny_bench / "base.yaml").write_text(yaml.safe_dump(base))
+    exp = {
+        "name": "tiny_bench",
+        "description": "bench smoke",
+        "base": "base.yaml",
+        "reference": "gppo",
+        "seeds": [0, 1],
+        "output_dir": str(tiny_bench / "exp"),
+        "arms": {"gppo": {}, "clip_higher": {"trainer.loss_mode": "ppo_clip"}},
+    }
+    (tiny_bench / "exp.yaml").write_text(yaml.safe_dump(exp))
+    assert klear_main(["experiment", "--config", str(tiny_bench / "exp.yaml")]) == 0
+    assert "building bench model 'tiny'" in capsys.readouterr().out
+    summary = json.loads((tiny_bench / "exp" / "summary.json").read_text())
+    assert set(summary["arms"]) == {"gppo", "clip_higher"}
+    report = (tiny_bench / "exp" / "report.md").read_text()
+    assert "| SD of diffs | MDE |" in report and "mde" in summary["arms"]["clip_higher"]["seeds_vs_reference"]
+    for run in ("gppo/seed0", "gppo/seed1", "clip_higher/seed0", "clip_higher/seed1"):
+        assert (tiny_bench / "exp" / run / "eval.json").is_file(), run
+    assert klear_main(["bench", "list"]) == 0
+    assert "bench:tiny  tiny test spec  [built, accuracy" in capsys.readouterr().out
