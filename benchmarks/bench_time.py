@@ -20,6 +20,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from _machine import cpu_flags, cpu_model
+
 PHASES = ("generate_s", "reward_s", "old_log_prob_s", "forward_backward_s", "optimizer_s")
 
 
@@ -49,14 +51,7 @@ def main(folders: list[str]) -> int:
     if not by_arm:
         print(f"no finished run directories under {folders}", file=sys.stderr)
         return 2
-    flags = set()
-    if Path("/proc/cpuinfo").is_file():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    shown = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
-    print(f"cores {os.cpu_count()}, load average now {os.getloadavg()}, CPU flags {shown}")
+    print(f"{cpu_model()}, cores {os.cpu_count()}, load average now {os.getloadavg()}, CPU flags {cpu_flags()}")
     keys = ["wall", "setup_and_final", "eval", "train", *PHASES, "loop_other"]
     print("| arm | runs | " + " | ".join(keys) + " |")
     print("|---|---|" + "---|" * len(keys))
