@@ -296,6 +296,7 @@ def build_bench_model(name: str, target: Path, *, work_dir: Path | None = None, 
         ValueError: an unknown name.
         BenchBuildError: ``check_band`` and no checkpoint's accuracy is inside the spec's band.
     """
+    from klear.lifecycle import checkpoint_step, complete_checkpoints
     from klear.models.embedded import BENCH_MARKER
     from klear.sft.job import run_sft
 
@@ -312,7 +313,8 @@ def build_bench_model(name: str, target: Path, *, work_dir: Path | None = None, 
         tokenizer.save_pretrained(init_dir)
         run_sft(sft_config(spec, str(init_dir), str(tmp / "sft")), source=f"bench:{name}")
         sft_seconds = time.perf_counter() - start
-        checkpoints = {int(p.name.split("-")[1]): p for p in (tmp / "sft" / "checkpoints").glob("checkpoint-*")}
+        complete, _ = complete_checkpoints(tmp / "sft" / "checkpoints")
+        checkpoints = {step: p for p in complete if (step := checkpoint_step(p)) is not None}
         heldout = heldout_problems(spec)
         step, measured = select_checkpoint(
             sorted(checkpoints), lambda s: _accuracy(checkpoints[s], heldout, spec), spec.band
