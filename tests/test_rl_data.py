@@ -109,6 +109,21 @@ def test_tiny_problem_space_raises():
         make_reasoning_gym_dataset([ONE_DIGIT_SUMS], size=130, seed=0)  # only 121 distinct questions exist
 
 
+def test_a_depleted_problem_space_warns_that_the_distribution_changed(caplog):
+    """121 one-digit sums: drawing 100 distinct ones skips many repeats, so the kept problems no longer follow the
+    generator's distribution; a large space skips almost none and stays quiet."""
+    with caplog.at_level("WARNING", logger="klear.data.rl_data"):
+        make_reasoning_gym_dataset([ONE_DIGIT_SUMS], size=100, seed=0)
+    (record,) = caplog.records
+    skipped, drawn = (int(x) for x in re.search(r"(\d+) of (\d+) generated", record.getMessage()).groups())
+    assert drawn - skipped == 100 and skipped > 0.1 * drawn and "'basic_arithmetic'" in record.getMessage()
+    caplog.clear()
+    three_digit = {**ARITH, "config": {**ARITH["config"], "min_digits": 3, "max_digits": 3}}
+    with caplog.at_level("WARNING", logger="klear.data.rl_data"):
+        make_reasoning_gym_dataset([three_digit], size=100, seed=0)
+    assert not caplog.records
+
+
 @pytest.mark.parametrize(
     "tasks, match",
     [

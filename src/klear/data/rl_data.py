@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -46,6 +47,12 @@ from typing import Any
 from klear.data.prompts import DEFAULT_INSTRUCTION, build_user_message
 from klear.data.rows import read_rows
 from klear.data.text import check_messages, short_repr
+
+logger = logging.getLogger(__name__)
+
+#: Share of generated questions skipped as repeats or excluded above which the kept problems no longer follow the
+#: generator's distribution (its small sub-spaces run out first), and :func:`_generate_task` warns.
+SKIPPED_SHARE_WARN = 0.1
 
 DEFAULT_FEW_SHOT: tuple[dict, ...] = (
     {"question": "Calculate 2 + 3.", "answer": "2 + 3 = 5. The answer is \\boxed{5}."},
@@ -147,6 +154,19 @@ def _generate_task(name: str, config: dict, count: int, seed: int, excluded: set
         excluded.add(question)
         taken.append((idx, entry))
         if len(taken) == count:
+            skipped = idx + 1 - count
+            if skipped > SKIPPED_SHARE_WARN * (idx + 1):
+                logger.warning(
+                    "reasoning_gym task %r with config %r: %d of %d generated questions were repeats or excluded "
+                    "(%.0f%%); the %d kept over-represent the task's larger sub-spaces (e.g. more digits) and no "
+                    "longer follow its distribution: enlarge the config or ask for fewer problems",
+                    name,
+                    config,
+                    skipped,
+                    idx + 1,
+                    100 * skipped / (idx + 1),
+                    count,
+                )
             return taken
     raise ValueError(
         f"reasoning_gym task {name!r} with config {config!r}: only {len(taken)} distinct questions "
