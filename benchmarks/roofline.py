@@ -15,6 +15,11 @@
      32 rows, through TRL's fused LM head (:func:`trl.trainer.utils.add_fused_lm_head`, as ``GPPOTrainer``);
    - ``train fwd+bwd``: forward, klear's GPPO loss (:func:`klear.rl.losses.total_loss`, the demo's settings)
      and backward of one micro-batch (32 rows);
+   - ``train fwd+bwd, shared prompt``: the same micro-batch through :mod:`klear.rl.shared_prompt` (each distinct
+     prompt's forward computed once and shared by its rows, as ``GPPOTrainer`` does on a CPU with one process):
+     the same log-probs and gradients, fewer FLOPs (:func:`shared_train_flops`). The training micro-batch is 32 of
+     the 128 rows drawn at random, as TRL shuffles a rollout batch (:func:`micro_batch_rows`); the script also
+     prints the whole-row pass's FLOPs over the shared pass's time ("effective" rate);
    - ``optimizer``: gradient clipping (max norm 1) and the ``AdamW`` step the HF ``Trainer`` builds (fused
      on CPU, weight decay 0.1 off biases and norms), best of 3.
 
@@ -56,6 +61,7 @@ import torch
 
 from _machine import cpu_model, vector_flags
 
+SHARED_PHASE = "train fwd+bwd, shared prompt"
 ADAMW_FLOPS_PER_PARAM = 14
 CLIP_FLOPS_PER_PARAM = 3
 # fp32: AdamW reads p, g, m, v and writes p, m, v (28 bytes); clipping reads g twice and writes it (12)
@@ -104,6 +110,23 @@ def step_flops(
         "old_log_prob": forward_flops(config, rows=rows, new=full, head_positions=full - 1),
         "train fwd+bwd": 3 * forward_flops(config, rows=micro_batch, new=full, head_positions=full - 1),
     }
+
+
+def shared_train_flops(config: Any, *, distinct: int, micro_batch: int, prompt: int, completion: int) -> int:
+    """FLOPs of one micro-batch's forward+backward through :func:`klear.rl.shared_prompt.shared_prompt_log_probs`:
+    the ``distinct`` prompts' first ``prompt - 1`` tokens once (its LM head on the last position only, forward
+    only: those logits are not used), then every row's last prompt token and completion on their keys and values
+    (the fused LM head on all ``completion + 1`` positions off CUDA); backward = 2 x forward, except where no
+    gradient flows: in the last layer only the prompt's keys and values are used, so its query, output and MLP
+    projections and its attention on the prompt positions have no backward."""
+    backbone = forward_flops(config, rows=distinct, new=prompt - 1, head_positions=0)
+    head_once = forward_flops(config, rows=distinct, new=0, head_positions=1)
+    rows = forward_flops(config, rows=micro_batch, new=completion + 1, past=prompt - 1, head_positions=completion + 1)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_weights = 2 * config.hidden_size * config.num_key_value_heads * head_dim
+    unused = 2 * (layer_matmul_params(config) - kv_weights) + 4 * heads * head_dim * (prompt - 1)  # per prompt token
+    return 3 * (backbone + rows) + head_once - 2 * distinct * (prompt - 1) * unused
 
 
 def matmul_peak(dtype: torch.dtype, repeats: int, sizes: tuple[int, ...] = (1024, 1536, 2048)) -> dict[int, float]:
@@ -216,12 +239,23 @@ def old_log_prob(model, ids, mask, completion: int, micro_batch: int) -> torch.T
         )
 
 
-def train_step(model, ids, mask, completion: int, old: torch.Tensor, settings) -> torch.Tensor:
+def train_step(
+    model, ids, mask, completion: int, old: torch.Tensor, settings, *, shared_prompt: bool = False
+) -> torch.Tensor:
     """Forward, GPPO loss (klear's ``total_loss``) and backward of one micro-batch; returns the detached
-    ``log_prob`` ``(rows, completion)`` float32 the loss saw."""
+    ``log_prob`` ``(rows, completion)`` float32 the loss saw. ``shared_prompt``: the log-probs come from
+    :func:`klear.rl.shared_prompt.shared_prompt_log_probs` (each distinct prompt's forward once, as
+    ``GPPOTrainer`` on a CPU with one process), else from TRL's whole-row pass."""
     from klear.rl.losses import LossInputs, total_loss
+    from klear.rl.shared_prompt import shared_prompt_log_probs
 
-    log_prob, entropy = fused_log_probs(model, ids, mask, completion)
+    if shared_prompt:
+        p = ids.size(1) - completion
+        log_prob, entropy = shared_prompt_log_probs(
+            model, ids[:, :p], mask[:, :p], ids[:, p:], mask[:, p:], compute_entropy=True
+        )
+    else:
+        log_prob, entropy = fused_log_probs(model, ids, mask, completion)
     rows = ids.size(0)
     gen = torch.Generator().manual_seed(0)
     response = torch.ones(rows, completion, dtype=torch.bool)
@@ -300,11 +334,24 @@ def run_phases(
         old_log_prob(model, ids[:2], full_mask[:2], steps, micro_batch)
         seconds["old_log_prob"], old = timed(lambda: old_log_prob(model, ids, full_mask, steps, micro_batch))
         model.train()
-        mb, mb_mask, mb_old = ids[:micro_batch], full_mask[:micro_batch], old[:micro_batch].float()
-        train_step(model, mb[:2], mb_mask[:2], steps, mb_old[:2], settings)
+        pick = micro_batch_rows(ids.size(0), micro_batch)
+        mb, mb_mask, mb_old = ids[pick], full_mask[pick], old[pick].float()
+        for shared in (False, True):  # warm-up of each path on 2 rows
+            train_step(model, mb[:2], mb_mask[:2], steps, mb_old[:2], settings, shared_prompt=shared)
         model.zero_grad(set_to_none=True)
         seconds["train fwd+bwd"], log_prob = timed(lambda: train_step(model, mb, mb_mask, steps, mb_old, settings))
+        model.zero_grad(set_to_none=True)
+        seconds[SHARED_PHASE], _ = timed(
+            lambda: train_step(model, mb, mb_mask, steps, mb_old, settings, shared_prompt=True)
+        )
     return seconds, ratio_spread(log_prob, mb_old)
+
+
+def micro_batch_rows(rows: int, micro_batch: int) -> torch.Tensor:
+    """The rows of the timed training micro-batch: ``micro_batch`` of the rollout's rows drawn at random (seed 0),
+    as TRL shuffles a rollout batch before cutting it into micro-batches (so about 14 distinct prompts in 32 rows
+    of 16 prompts x 8)."""
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(0))[:micro_batch]
 
 
 def optimizer_seconds(model, trainer: dict, repeats: int = 3) -> float:
@@ -362,6 +409,11 @@ def main() -> None:
     flops: dict[str, float] = dict(
         step_flops(config, rows=rows, prompt=width, completion=steps, decode_steps=steps, micro_batch=micro_batch)
     )
+    pick = micro_batch_rows(rows, micro_batch)
+    distinct = len({tuple(r) for r in input_ids[pick].tolist()})
+    flops[SHARED_PHASE] = shared_train_flops(
+        config, distinct=distinct, micro_batch=micro_batch, prompt=width, completion=steps
+    )
     n_params = sum(p.numel() for p in model.parameters())
     flops["optimizer"] = (ADAMW_FLOPS_PER_PARAM + CLIP_FLOPS_PER_PARAM) * n_params
     shapes = {
@@ -369,6 +421,7 @@ def main() -> None:
         "decode": f"{rows} x {steps} steps",
         "old_log_prob": f"{rows} x {width + steps} (micro-batches of {micro_batch})",
         "train fwd+bwd": f"{micro_batch} x {width + steps}",
+        SHARED_PHASE: f"{distinct} x {width - 1} + {micro_batch} x {steps + 1}",
         "optimizer": f"{n_params / 1e6:.1f} M params",
     }
     print(
@@ -413,6 +466,15 @@ def main() -> None:
             else:
                 line += " (fp32 state) | | |"
         print(line)
+    for name, secs in seconds.items():
+        unshared, shared = secs["train fwd+bwd"], secs[SHARED_PHASE]
+        effective = flops["train fwd+bwd"] / shared / 1e9
+        print(
+            f"\n{name} training pass with each distinct prompt computed once ({distinct} prompts in "
+            f"{micro_batch} rows): {unshared / shared:.2f}x the whole-row pass; the whole-row pass's FLOPs in its "
+            f"time: {effective:.1f} GFLOPS effective, {100 * effective / peak[name]:.1f}% of the {name} peak "
+            "(same log-probs and gradients)"
+        )
     gbs = OPTIMIZER_BYTES_PER_PARAM * n_params / seconds["fp32"]["optimizer"] / 1e9
     print(f"\noptimizer memory traffic >= {gbs:.1f} GB/s ({OPTIMIZER_BYTES_PER_PARAM} bytes per parameter)")
     print("\non-policy ratio on the first step (training forward vs the no-grad old_log_prob pass, one micro-batch):")

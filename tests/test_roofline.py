@@ -112,6 +112,28 @@ def test_every_phase_counts_what_flop_counter_mode_sees(rf):
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_the_shared_prompt_training_pass_counts_what_flop_counter_mode_sees(rf):
+    from trl.trainer.utils import add_fused_lm_head
+
+    from klear.rl.losses import LossSettings
+
+    model = tiny_llama().train()
+    prompt, steps = 6, 4
+    prompts = torch.randint(3, 101, (2, prompt))
+    ids = torch.cat([prompts[[0, 0, 1, 0, 1]], torch.randint(3, 101, (5, steps))], dim=1)  # 2 distinct prompts
+    mask = torch.ones_like(ids)
+    mask[[2, 4], :2] = 0  # the second prompt left-padded
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    settings = LossSettings(loss_mode="gppo", clip_ratio_c=10.0, alpha=0.1)
+    old = torch.zeros(5, steps)
+    train = counted(lambda: rf.train_step(model, ids, mask, steps, old, settings, shared_prompt=True))
+    expected = rf.shared_train_flops(model.config, distinct=2, micro_batch=5, prompt=prompt, completion=steps)
+    # the fused head as in the whole-row test: recomputed in backward (+1 pass), gradient GEMMs unseen (-2)
+    head = 2 * model.config.hidden_size * model.config.vocab_size * 5 * (steps + 1)
+    assert train == expected + head - 2 * head
+    assert expected < 3 * rf.forward_flops(model.config, rows=5, new=prompt + steps, head_positions=prompt + steps - 1)
+
+
 def test_ratio_spread_by_hand(rf):
     old = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], dtype=torch.float64)
     new = old + torch.tensor([[0.1, -0.2], [0.0, 0.3]], dtype=torch.float64)

@@ -370,6 +370,20 @@ def test_accumulated_gradient_is_the_paper_loss_over_the_step(tmp_path, tiny_mod
         assert 0 < off["erc_out"] < off["tokens_total"], off
 
 
+@pytest.mark.parametrize("share_prompt_forward", [False, True])
+def test_both_log_prob_passes_give_the_paper_gradient(tmp_path, tiny_model, monkeypatch, share_prompt_forward):
+    """The whole-row pass (TRL's, what a GPU run uses) and the shared-prompt pass (klear.rl.shared_prompt, the CPU
+    default) each give the reference gradient; the switch really switches (the shared pass runs or not)."""
+    import klear.rl.trainer as trainer_module
+
+    calls = []
+    shared = trainer_module.shared_prompt_log_probs
+    monkeypatch.setattr(trainer_module, "shared_prompt_log_probs", lambda *a, **k: calls.append(1) or shared(*a, **k))
+    trainer, rec, rollout, model0 = _train(tmp_path, tiny_model, share_prompt_forward=share_prompt_forward)
+    _check_against_reference(trainer, rec, rollout, model0)
+    assert bool(calls) is share_prompt_forward
+
+
 # ---------------------------------------------------------------------------------------- 2. several processes
 class _Rank:
     """The accelerator of process ``process_index`` of a 2-process run. Collectives combine this process's tensor

@@ -14,8 +14,9 @@ accumulation, checkpointing and logging. This module overrides these ``GRPOTrain
   micro-batches, we drop the filtered samples, annotate each micro-batch with the exact loss-token counts
   of its optimizer step's window (all micro-batches of that step, all processes) and compute the old
   log-probs (and, for a loss mode that needs them, the old entropies).
-* ``_compute_loss``: per-token log-probs come from TRL (temperature-scaled, the same function
-  that produced ``old_log_prob``); the loss is :func:`klear.rl.losses.total_loss`
+* ``_compute_loss``: per-token log-probs come from TRL's fused LM head (temperature-scaled, the same function
+  that produced ``old_log_prob``; on a CPU with one process each distinct prompt's forward is shared by its rows,
+  :mod:`klear.rl.shared_prompt`); the loss is :func:`klear.rl.losses.total_loss`
   (Eq. 14: ``L = L_pg + alpha * L_LM``) of the configured loss mode.
 * ``_generate_single_turn``: on the transformers path, each prompt is prefilled once per group
   (:func:`klear.generation.prefill.grouped_prefill_generate`; on a CPU, with one process, decoded by klear's loop,
@@ -101,6 +102,7 @@ from klear.rewards.correctness import UNSCORED_REWARD
 from klear.rewards.correctness import is_correct as correct_mask
 from klear.rl.advantages import all_equal_groups, compute_group_advantages
 from klear.rl.losses import LOSS_AGG_MODES, LOSS_MODES, METRIC_REDUCTIONS, LossInputs, LossSettings, total_loss
+from klear.rl.shared_prompt import shared_prompt_log_probs
 from klear.rl.trl_surface import TRL_FORWARD_KEYS
 
 logger = logging.getLogger(__name__)
@@ -156,6 +158,13 @@ class GPPOConfig(GRPOConfig):
     adv_epsilon: float = field(default=1e-6, metadata={"help": "Epsilon in the std of Eq. 4."})
     vllm_importance_sampling_correction: bool = field(
         default=False, metadata={"help": "Not supported by GPPOTrainer (TRL's default is True); must stay False."}
+    )
+    share_prompt_forward: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Log-prob passes compute each distinct prompt of a micro-batch once (klear.rl.shared_prompt; "
+            "same log-probs and gradients to float rounding). None: on a CPU with one process, off elsewhere."
+        },
     )
 
     def __post_init__(self):
@@ -760,11 +769,37 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         return mask
 
     # ------------------------------------------------------------------ loss side
+    def _shares_prompt_forward(self, model, inputs: dict[str, Any]) -> bool:
+        """Whether this micro-batch's log-prob pass runs through :func:`klear.rl.shared_prompt.shared_prompt_log_probs`:
+        ``share_prompt_forward`` (None: a CPU with one process), no gradient checkpointing, no per-token model
+        extras (images, token types), prompts of at least 2 tokens."""
+        share = self.args.share_prompt_forward
+        if share is None:
+            share = self.accelerator.device.type == "cpu" and self.accelerator.num_processes == 1
+        return bool(
+            share
+            and not getattr(model, "is_gradient_checkpointing", False)
+            and all(inputs.get(key) is None for key in _FORWARD_KEYS)
+            and inputs["prompt_ids"].size(1) >= 2
+        )
+
     def _policy_log_probs(self, model, inputs: dict[str, Any], compute_entropy: bool = False):
         """``(log_prob (B, T), entropies (B, T) or None)`` of a micro-batch's completion tokens under ``model``,
-        from TRL's ``_get_per_token_logps_and_entropies`` (temperature-scaled), as the loss uses them."""
+        from TRL's ``_get_per_token_logps_and_entropies`` (temperature-scaled), as the loss uses them; with
+        :meth:`_shares_prompt_forward`, each distinct prompt's forward is computed once
+        (:mod:`klear.rl.shared_prompt`, the same numbers to float rounding)."""
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        if self._shares_prompt_forward(model, inputs):
+            return shared_prompt_log_probs(
+                model,
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                completion_mask,
+                compute_entropy=compute_entropy,
+                autocast=self.accelerator.autocast,
+            )
         log_prob, entropies, _ = super()._get_per_token_logps_and_entropies(
             model,
             torch.cat([prompt_ids, completion_ids], dim=1),
