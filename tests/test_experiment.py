@@ -16,6 +16,7 @@ import yaml
 from transformers import TrainerCallback
 
 from conftest import rl_recipe, varied_reward, write_experiment
+from klear.config import find_config
 from klear.experiment import EXPERIMENT_DIR, load_experiment, plan_runs, run_experiment
 from klear.rl.job import run_rl, validate_job_config
 from klear.rl.trl_peer import TRLPeerConfig, TRLPeerTrainer, peer_trainer_section
@@ -228,10 +229,10 @@ def test_a_run_s_own_process_raises_its_error_here_and_a_silent_death_names_the_
 
     bar = SimpleNamespace(update=lambda n=1: pytest.fail("no step ran"))
     with pytest.raises(ValueError, match="^exp.yaml: gppo/seed0: 'model' is required$"):
-        _run_in_child({"output_dir": "unused"}, "exp.yaml: gppo/seed0", False, [], bar)
+        _run_in_child("rl", {"output_dir": "unused"}, "exp.yaml: gppo/seed0", False, [], bar)
     monkeypatch.setattr("klear.experiment._child_run", os._exit)  # the child dies (a TypeError), nothing reported
     with pytest.raises(RuntimeError, match=r"^exp.yaml: gppo/seed0: died: its process exited with code 1 without"):
-        _run_in_child({}, "exp.yaml: gppo/seed0", False, [], bar)
+        _run_in_child("rl", {}, "exp.yaml: gppo/seed0", False, [], bar)
 
 
 def test_keep_models_keeps_final_and_checkpoints(tmp_path, tiny_ckpt):
@@ -481,3 +482,46 @@ def _one_step_peer_args(tmp_path, *, group: int, steps_per_generation: int, adv_
         seed=0,
         adv_std=adv_std,
     )
+
+
+def test_an_sft_experiment_runs_klear_sft_arms_through_the_cli(tmp_path, tiny_ckpt, capsys):
+    """``stage: sft``: the base is a ``klear sft`` recipe, every arm x seed a ``klear sft`` run (its own trainer seed,
+    the same held-out problems), and the report compares the arms with the seed as the unit."""
+    from klear.cli import main
+
+    base = yaml.safe_load(find_config("sft_demo").read_text())
+    base.update(model=str(tiny_ckpt))
+    base["data"].update(train_size=16, heldout_size=6)
+    base["eval"].update(max_new_tokens=4, batch_size=6)
+    base["trainer"].update(
+        max_steps=2, per_device_train_batch_size=4, max_length=384, warmup_steps=1, save_strategy="no", report_to=[]
+    )
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    arms = {"gppo": {}, "high_lr": {"trainer.learning_rate": 1e-2}}  # the reference arm keeps conftest's name
+    path = write_experiment(tmp_path / "sft_arms.yaml", "sft arms", "base.yaml", arms, tmp_path / "exp", stage="sft")
+    assert main(["experiment", "--config", str(path)]) == 0
+    out = tmp_path / "exp"
+    for run in ("gppo/seed0", "gppo/seed1", "high_lr/seed0", "high_lr/seed1"):
+        assert (out / run / "eval.json").is_file() and (out / run / "sft_data.jsonl").is_file(), run
+        config = yaml.safe_load((out / run / "config.yaml").read_text())
+        assert config["trainer"]["seed"] == int(run[-1])
+    lrs = [json.loads(x)["learning_rate"] for x in (out / "high_lr/seed0/metrics.jsonl").read_text().splitlines()[:1]]
+    assert lrs == [pytest.approx(1e-2)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["arms"]) == {"gppo", "high_lr"}
+    assert "mde" in summary["arms"]["high_lr"]["seeds_vs_reference"]
+    report = (out / "report.md").read_text()
+    assert "| SD of diffs | MDE |" in report
+    # the start is each run's "before" evaluation (same model, problems and sampling seed: one value), the curve
+    # its two points; SFT's own metrics are tabulated, the RL ones (never logged here) left out
+    before = json.loads((out / "gppo/seed0/eval_before.json").read_text())["accuracy"]
+    assert summary["arms"]["high_lr"]["start_accuracy"]["mean"] == pytest.approx(before)
+    assert [p["step"] for p in summary["arms"]["gppo"]["curve"]] == [0, 2]
+    assert "| token_accuracy | loss |" in report and "clip_frac_low" not in report
+
+
+def test_an_unknown_stage_is_refused_with_the_file(tmp_path, tiny_ckpt):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(_base(tmp_path, tiny_ckpt)))
+    path = write_experiment(tmp_path / "bad.yaml", "x", "base.yaml", {"gppo": {}}, tmp_path / "exp", stage="dpo")
+    with pytest.raises(ValueError, match=r"bad.yaml: stage='dpo' is unknown; expected one of \['rl', 'sft'\]"):
+        load_experiment(path)

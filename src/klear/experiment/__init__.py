@@ -1,4 +1,5 @@
-"""``klear experiment``: a base ``klear rl`` recipe x named arms x seeds, run as a grid, then one report.
+"""``klear experiment``: a base ``klear rl`` (or ``klear sft``) recipe x named arms x seeds, run as a grid, then one
+report.
 
 An experiment file (YAML, see ``configs/experiments/``)::
 
@@ -15,8 +16,9 @@ An experiment file (YAML, see ``configs/experiments/``)::
     seeds: [0, 1, 2]              # default seeds (--seeds overrides)
     output_dir: runs/experiments/gppo_vs_baselines
     keep_models: false            # default: a finished run's final/ and checkpoints/ are removed
+    stage: rl                     # default; ``sft``: the base is a klear sft recipe and every run a klear sft run
 
-Each arm x seed is a normal ``klear rl`` run directory ``<output_dir>/<arm>/seed<k>``. The seed sets
+Each arm x seed is a normal ``klear rl`` (``klear sft``) run directory ``<output_dir>/<arm>/seed<k>``. The seed sets
 ``trainer.seed`` only (initialisation of the sampler, shuffling, dropout): the recipe's top-level ``seed``,
 which draws the training and held-out problems and the held-out sampling seed, stays the base's, so every
 run of the experiment is evaluated on the same held-out problems with the same sampling seed (common
@@ -57,7 +59,20 @@ from klear.config import CONFIG_DIR, find_config, load_config, load_yaml
 from klear.recipe import check_section_keys
 
 EXPERIMENT_DIR = CONFIG_DIR / "experiments"
-_TOP_KEYS = {"name", "description", "base", "overrides", "arms", "reference", "seeds", "output_dir", "keep_models"}
+_TOP_KEYS = {
+    "name",
+    "description",
+    "base",
+    "overrides",
+    "arms",
+    "reference",
+    "seeds",
+    "output_dir",
+    "keep_models",
+    "stage",
+}
+#: The stages an experiment can run: ``stage`` -> (module, its recipe validator, its job runner).
+STAGES = {"rl": ("klear.rl.job", "build_rl_recipe", "run_rl"), "sft": ("klear.sft.job", "build_sft_recipe", "run_sft")}
 MODEL_DIRS = ("final", "checkpoints")  # what a finished run loses unless keep_models
 PLAN_FILE = "plan.json"
 
@@ -80,7 +95,8 @@ class Experiment:
         name, description: as in the file. source: the file's path. base: the base recipe (loaded, with
         ``overrides`` applied). arms: ``{arm: {dotted key: value}}`` in file order. reference: the reference arm.
         seeds: default seeds. output_dir: where the runs and the report go. keep_models: keep each finished
-        run's ``final/`` and ``checkpoints/`` (default False: removed, see the module docstring).
+        run's ``final/`` and ``checkpoints/`` (default False: removed, see the module docstring). stage: ``rl`` or
+        ``sft`` (:data:`STAGES`).
     """
 
     name: str
@@ -92,6 +108,15 @@ class Experiment:
     seeds: list[int]
     output_dir: Path
     keep_models: bool = False
+    stage: str = "rl"
+
+
+def _stage_function(stage: str, which: int):
+    """The validator (``which`` 1) or runner (2) of ``stage`` (:data:`STAGES`)."""
+    import importlib
+
+    entry = STAGES[stage]
+    return getattr(importlib.import_module(entry[0]), entry[which])
 
 
 def find_experiment(name_or_path: str | Path) -> Path:
@@ -162,7 +187,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         FileNotFoundError: the file or its base recipe does not exist.
         ValueError: not YAML, an unknown top-level key, no arms, an arm name that is not a plain name, an
             unknown ``reference``, bad ``seeds``, overrides that are not mappings, a ``keep_models`` that is not
-            a boolean (each names the file and key).
+            a boolean, an unknown ``stage`` (each names the file and key).
     """
     path = find_experiment(name_or_path)
     try:
@@ -172,8 +197,11 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(spec).__name__}")
     check_section_keys(spec, _TOP_KEYS, "the top level", str(path))
+    stage = spec.get("stage", "rl")
+    if stage not in STAGES:
+        raise ValueError(f"{path}: stage={stage!r} is unknown; expected one of {sorted(STAGES)}")
     if not spec.get("base"):
-        raise ValueError(f"{path}: 'base' (a klear rl recipe) is required")
+        raise ValueError(f"{path}: 'base' (a klear {stage} recipe) is required")
     local = (path.parent / str(spec["base"])).resolve()
     base, _ = load_config(local if local.is_file() else find_config(str(spec["base"])))
     for key, value in _overrides(spec.get("overrides"), f"{path}: 'overrides'").items():
@@ -208,6 +236,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         seeds=_seeds(spec.get("seeds", [0, 1, 2]), f"{path}: seeds"),
         output_dir=Path(spec.get("output_dir") or f"runs/experiments/{name}"),
         keep_models=keep_models,
+        stage=stage,
     )
 
 
@@ -215,9 +244,10 @@ def plan_runs(exp: Experiment, seeds: list[int], output_dir: Path) -> dict[str, 
     """Every run's recipe: ``{"<arm>/seed<k>": config}`` (arm order, then seed order), each validated.
 
     Raises:
-        ValueError: a run's recipe ``klear rl`` rejects (named with the arm and seed), or no ``trainer.max_steps``.
+        ValueError: a run's recipe ``klear rl`` (``klear sft``) rejects (named with the arm and seed), or no
+            ``trainer.max_steps``.
     """
-    from klear.rl.job import validate_job_config
+    validate_job_config = _stage_function(exp.stage, 1)
 
     runs = {}
     for arm, overrides in exp.arms.items():
@@ -306,21 +336,21 @@ class _QueueBar:
 _CHILD_ERRORS = {e.__name__: e for e in (ValueError, FileNotFoundError, RuntimeError, KeyboardInterrupt)}
 
 
-def _child_run(config, source, resume, callbacks, ticks, result) -> None:
-    """A child process's run (:func:`_run_in_child`): ``run_rl``, then ``None`` or ``(type, message, traceback)``
-    on ``result``."""
-    from klear.rl.job import run_rl
-
+def _child_run(stage, config, source, resume, callbacks, ticks, result) -> None:
+    """A child process's run (:func:`_run_in_child`): the stage's job runner, then ``None`` or
+    ``(type, message, traceback)`` on ``result``."""
+    run_job = _stage_function(stage, 2)
     try:
-        run_rl(config, source=source, resume=resume, callbacks=[_progress_callback(_QueueBar(ticks)), *callbacks])
+        run_job(config, source=source, resume=resume, callbacks=[_progress_callback(_QueueBar(ticks)), *callbacks])
     except BaseException as e:  # every error goes to the parent, which raises it
         result.put((type(e).__name__, str(e), traceback.format_exc()))
         raise SystemExit(1) from None
     result.put(None)
 
 
-def _run_in_child(config: dict[str, Any], source: str, resume: bool, callbacks: list, bar) -> None:
-    """``run_rl`` in a fresh (spawned) process, its optimizer steps ticking ``bar``; raises its error here.
+def _run_in_child(stage: str, config: dict[str, Any], source: str, resume: bool, callbacks: list, bar) -> None:
+    """The ``stage``'s run (``run_rl`` / ``run_sft``) in a fresh (spawned) process, its optimizer steps ticking
+    ``bar``; raises its error here.
 
     Raises:
         ValueError, FileNotFoundError, RuntimeError, KeyboardInterrupt: the child's, with its message; any other
@@ -331,7 +361,7 @@ def _run_in_child(config: dict[str, Any], source: str, resume: bool, callbacks: 
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA state
     ticks, result = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_child_run, args=(config, source, resume, callbacks, ticks, result), daemon=False)
+    proc = ctx.Process(target=_child_run, args=(stage, config, source, resume, callbacks, ticks, result), daemon=False)
     proc.start()
     try:
         while True:
@@ -391,7 +421,8 @@ def run_experiment(
     from tqdm.auto import tqdm
 
     from klear.experiment.report import write_report
-    from klear.rl.job import run_rl
+
+    run_job = _stage_function(exp.stage, 2)
 
     out = Path(output_dir or exp.output_dir)
     seeds = list(seeds or exp.seeds)
@@ -423,9 +454,9 @@ def run_experiment(
             bar.set_postfix_str(run)
             source = f"{exp.source}: {run}"
             if run_in_own_process(config):
-                _run_in_child(config, source, resume_run, list(callbacks or []), bar)
+                _run_in_child(exp.stage, config, source, resume_run, list(callbacks or []), bar)
             else:
-                run_rl(
+                run_job(
                     config, source=source, resume=resume_run, callbacks=[_progress_callback(bar), *(callbacks or [])]
                 )
             if not exp.keep_models:

@@ -2,7 +2,9 @@
 
 Per arm, over its seeds (each number below is first computed per run, then aggregated across seeds):
 
-* held-out accuracy (``heldout_curve.jsonl``, :mod:`klear.rl.periodic_eval`) at every evaluated step: mean and
+* held-out accuracy (``heldout_curve.jsonl``, :mod:`klear.rl.periodic_eval`; a run without one, e.g. a ``klear sft``
+  run, has the two points of ``eval_before.json`` at step 0 and ``eval_after.json`` at its last step, with
+  ``train_summary.json``'s training seconds) at every evaluated step: mean and
   95% interval across seeds, ``mean +/- t_{0.975, n-1} * sd / sqrt(n)`` (Student t, sample sd; no interval for
   one seed). Against wall clock the x value is the seeds' mean training seconds at that step (held-out
   evaluation time excluded);
@@ -12,7 +14,8 @@ Per arm, over its seeds (each number below is first computed per run, then aggre
   normal-approximation 95% CI over problems, sign/McNemar p);
 * training metrics from ``metrics.jsonl``, each run's mean over the steps that log it (rollout metrics are
   logged on the first step of a rollout batch), then mean and 95% interval across seeds: :data:`METRICS`.
-  klear and TRL name some metrics differently; the first name present is used (TRL logs no ``ppo_kl``);
+  klear and TRL name some metrics differently; the first name present is used (TRL logs no ``ppo_kl``); a metric
+  no run logs (an RL metric in an SFT experiment) is left out of the tables and plot;
 * the same metrics as differences from the reference arm, paired by seed and step (runs of one seed share the
   rollout seed, so their first rollout batch is the same): per seed the mean of ``arm - reference`` over the
   steps both logged, then mean and 95% interval across seeds; and how many (seed, step) pairs are higher or
@@ -45,6 +48,8 @@ METRICS: list[tuple[str, tuple[str, ...]]] = [
     ("clip_grad_share", ("klear/clip_grad_share",)),
     ("log_ratio_adv_pos", ("klear/log_ratio_adv_pos",)),
     ("log_ratio_adv_neg", ("klear/log_ratio_adv_neg",)),
+    ("token_accuracy", ("mean_token_accuracy",)),  # klear sft's
+    ("loss", ("loss",)),
 ]
 
 
@@ -79,6 +84,14 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
         raise ValueError(f"{run_dir}: no eval_after.json (the run has not finished, or ran without a held-out set)")
     after = json.loads(after_path.read_text())
     curve = sorted(_jsonl(run_dir / "heldout_curve.jsonl"), key=lambda r: r["step"])
+    before_path, summary_path = run_dir / "eval_before.json", run_dir / "train_summary.json"
+    if not curve and before_path.is_file() and summary_path.is_file():  # e.g. klear sft: before and after only
+        trained = json.loads(summary_path.read_text())
+        before = json.loads(before_path.read_text())
+        curve = [
+            {"step": 0, "train_s": 0.0, "accuracy": before["accuracy"]},
+            {"step": int(trained["step"]), "train_s": float(trained["train_runtime"]), "accuracy": after["accuracy"]},
+        ]
     rows = _jsonl(run_dir / "metrics.jsonl")
     metrics = {name: metric_series(rows, keys) for name, keys in METRICS}
     return {"after": after, "curve": curve, "metrics": metrics, "train_s": curve[-1]["train_s"] if curve else None}
@@ -231,13 +244,22 @@ def _plot_curves(summary: dict[str, Any], x_key: str, xlabel: str, path: Path) -
     plt.close(fig)
 
 
+def logged_metrics(summary: dict[str, Any]) -> list[str]:
+    """The :data:`METRICS` some run of the experiment logged (those the tables and the plot show)."""
+    return [
+        name for name, _ in METRICS if any(a["metrics"][name]["mean"] is not None for a in summary["arms"].values())
+    ]
+
+
 def _plot_metrics(summary: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [name for name, _ in METRICS]
+    names = logged_metrics(summary)
+    if not names:
+        return
     cols, rows = 4, math.ceil(len(names) / 4)
     fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.2 * rows), squeeze=False)
     for ax, name in zip(axes.flat, names):
@@ -281,6 +303,7 @@ def _shown_path(path: Path) -> str:
 def format_report(exp, summary: dict[str, Any]) -> str:
     """``report.md``'s text for a :func:`summarize` result."""
     arms, ref = summary["arms"], summary["reference"]
+    shown = logged_metrics(summary)
     lines = [f"# Experiment `{summary['experiment']}`", ""]
     if exp.description:
         lines += [exp.description, ""]
@@ -353,12 +376,12 @@ def format_report(exp, summary: dict[str, Any]) -> str:
         "",
         "## Training metrics (mean over steps, then mean [95% CI] over seeds)",
         "",
-        "| arm | " + " | ".join(name for name, _ in METRICS) + " |",
-        "|---" * (len(METRICS) + 1) + "|",
+        "| arm | " + " | ".join(shown) + " |",
+        "|---" * (len(shown) + 1) + "|",
     ]
     for arm, s in arms.items():
-        lines.append(f"| {arm} | " + " | ".join(_fmt(s["metrics"][name], 4) for name, _ in METRICS) + " |")
-    lines += ["", "![training metrics](training_metrics.png)", ""]
+        lines.append(f"| {arm} | " + " | ".join(_fmt(s["metrics"][name], 4) for name in shown) + " |")
+    lines += ["", "![training metrics](training_metrics.png)" if shown else "(no training metrics logged)", ""]
     others = [arm for arm in arms if arm != ref]
     if others:
         lines += [
@@ -367,12 +390,12 @@ def format_report(exp, summary: dict[str, Any]) -> str:
             "Per seed the mean over steps of arm minus reference, then mean [95% CI] over seeds; in brackets the "
             "(seed, step) pairs above / below the reference.",
             "",
-            "| arm | " + " | ".join(name for name, _ in METRICS) + " |",
-            "|---" * (len(METRICS) + 1) + "|",
+            "| arm | " + " | ".join(shown) + " |",
+            "|---" * (len(shown) + 1) + "|",
         ]
         for arm in others:
             cells = []
-            for name, _ in METRICS:
+            for name in shown:
                 d = arms[arm]["metrics_vs_reference"][name]
                 cells.append("n/a" if d["mean"] is None else f"{_fmt(d, 4)} ({d['n_higher']}/{d['n_lower']})")
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")

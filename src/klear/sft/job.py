@@ -199,10 +199,11 @@ class SFTStage(Stage):
 
     name = "sft"
 
-    def __init__(self):
+    def __init__(self, callbacks: list | None = None):
         from klear.utils.plotting import SFT_PANELS
 
         self.panels = SFT_PANELS
+        self.callbacks = list(callbacks or [])
 
     def build_recipe(self, config: dict[str, Any], source: str) -> SFTRecipe:
         return build_sft_recipe(config, source)
@@ -242,7 +243,7 @@ class SFTStage(Stage):
             args=setup.args,
             train_dataset=job.train,
             processing_class=tokenizer,
-            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *self.callbacks],
         )
         assert recipe.eval.max_new_tokens is not None  # SFTEvalSection.check
         eval_cfg = eval_settings(
@@ -320,9 +321,11 @@ class SFTStage(Stage):
             )
 
 
-def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | str = False) -> dict[str, Any]:
+def run_sft(
+    config: dict[str, Any], *, source: str = "config", resume: bool | str = False, callbacks: list | None = None
+) -> dict[str, Any]:
     """Run the SFT job described by ``config`` (see the module docstring): :func:`klear.runs.run_job` with
-    :class:`SFTStage`.
+    :class:`SFTStage` (``callbacks``: extra ``TrainerCallback`` objects, e.g. a progress bar).
 
     Returns:
         ``{"model", "steps", "train_examples", "filter"?, "accuracy"?, "format"?}``; the last two are
@@ -334,4 +337,4 @@ def run_sft(config: dict[str, Any], *, source: str = "config", resume: bool | st
     """
     from klear.runs import run_job
 
-    return run_job(SFTStage(), config, source=source, resume=resume)
+    return run_job(SFTStage(callbacks), config, source=source, resume=resume)
