@@ -75,7 +75,7 @@ class BenchSpec:
     eval_samples: int = 4
     eval_temperature: float = 1.0
     heldout_size: int = 256
-    max_new_tokens: int = 96
+    max_new_tokens: int = 128
     select_every: int = 25
     seed: int = 0
 
@@ -90,8 +90,8 @@ _ADDITION = {
     "config": {
         "min_terms": 2,
         "max_terms": 2,
-        "min_digits": 1,
-        "max_digits": 2,
+        "min_digits": 3,
+        "max_digits": 3,
         "operators": ["+"],
         "allow_parentheses": False,
         "allow_negation": False,
@@ -102,8 +102,8 @@ _ADDITION = {
 BENCH_MODELS: dict[str, BenchSpec] = {
     "arith": BenchSpec(
         tasks=(_ADDITION,),
-        description="a+b with 1-2 digit operands, column addition in a think block (0.9M parameters)",
-        sft={"data.train_size": 8000, "trainer.num_train_epochs": 2},
+        description="a+b with 3-digit operands, column addition in a think block (0.9M parameters)",
+        sft={"data.train_size": 12000, "trainer.num_train_epochs": 2},
     ),
 }
 
