@@ -50,8 +50,8 @@ def main(argv: list[str]) -> None:
         total = breakdown(run)
         totals.append(total)
         show(str(run), total)
-        if (run / "eval.json").is_file():
-            e = json.loads((run / "eval.json").read_text())
+        e = json.loads((run / "eval.json").read_text()) if (run / "eval.json").is_file() else {}
+        if "before" in e:  # a run with its held-out evaluation (eval.enabled)
             print(
                 f"  held-out {e['before']:.3f} -> {e['after']:.3f}, diff {e['mean_diff']:+.3f} "
                 f"[{e['ci_low']:+.3f}, {e['ci_high']:+.3f}], improved {e['n_improved']} / worsened "
