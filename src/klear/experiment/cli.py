@@ -16,9 +16,9 @@ def add_parser(subparsers) -> None:
     """Add the ``experiment`` subcommand."""
     p = subparsers.add_parser(
         "experiment",
-        help="a base RL recipe x arms x seeds, then a report with plots",
-        description="Run every arm x seed of an experiment file as a klear rl run (finished runs are skipped), "
-        "then write report.md, summary.json and plots in the experiment directory.",
+        help="a base RL (or SFT) recipe x arms x seeds, then a report with plots",
+        description="Run every arm x seed of an experiment file as a klear rl run (klear sft with 'stage: sft'; "
+        "finished runs are skipped), then write report.md, summary.json and plots in the experiment directory.",
     )
     p.add_argument(
         "--config",
