@@ -120,28 +120,34 @@ def test_too_short_prompts_are_refused(fused):
 
 
 @pytest.mark.parametrize(
-    "setting, device, processes, checkpointing, extras, expected",
+    "setting, device, processes, checkpointing, extras, wrapped, expected",
     [
-        (None, "cpu", 1, False, False, True),  # auto: a CPU with one process
-        (None, "cuda", 1, False, False, False),  # auto keeps the GPU path as TRL has it
-        (None, "cpu", 2, False, False, False),
-        (True, "cuda", 1, False, False, True),  # asked for explicitly
-        (False, "cpu", 1, False, False, False),
-        (True, "cpu", 1, True, False, False),  # gradient checkpointing recomputes without a cache
-        (True, "cpu", 1, False, True, False),  # per-token model extras (images, token types)
+        (None, "cpu", 1, False, False, False, True),  # auto: a CPU with one process
+        (None, "cuda", 1, False, False, False, False),  # auto keeps the GPU path as TRL has it
+        (None, "cpu", 2, False, False, False, False),
+        (True, "cuda", 1, False, False, False, True),  # asked for explicitly
+        (False, "cpu", 1, False, False, False, False),
+        (True, "cpu", 1, True, False, False, False),  # gradient checkpointing recomputes without a cache
+        (True, "cpu", 1, False, True, False, False),  # per-token model extras (images, token types)
+        (None, "cpu", 1, False, False, True, False),  # DDP with one process (a colocated vLLM's process group)
     ],
 )
-def test_when_the_trainer_shares_the_prompt_forward(setting, device, processes, checkpointing, extras, expected):
+def test_when_the_trainer_shares_the_prompt_forward(
+    setting, device, processes, checkpointing, extras, wrapped, expected
+):
     from types import SimpleNamespace
 
     from klear.rl.trainer import GPPOTrainer
     from klear.rl.trl_surface import TRL_FORWARD_KEYS
 
+    inner = SimpleNamespace(is_gradient_checkpointing=checkpointing)
+    model = SimpleNamespace(module=inner, is_gradient_checkpointing=checkpointing) if wrapped else inner
     fake = SimpleNamespace(
         args=SimpleNamespace(share_prompt_forward=setting),
-        accelerator=SimpleNamespace(device=torch.device(device), num_processes=processes),
+        accelerator=SimpleNamespace(
+            device=torch.device(device), num_processes=processes, unwrap_model=lambda m: getattr(m, "module", m)
+        ),
     )
-    model = SimpleNamespace(is_gradient_checkpointing=checkpointing)
     inputs = {"prompt_ids": torch.ones(4, 5, dtype=torch.long)}
     if extras:
         inputs[TRL_FORWARD_KEYS[0]] = torch.ones(4, 5)

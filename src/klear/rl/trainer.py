@@ -771,13 +771,15 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
     # ------------------------------------------------------------------ loss side
     def _shares_prompt_forward(self, model, inputs: dict[str, Any]) -> bool:
         """Whether this micro-batch's log-prob pass runs through :func:`klear.rl.shared_prompt.shared_prompt_log_probs`:
-        ``share_prompt_forward`` (None: a CPU with one process), no gradient checkpointing, no per-token model
-        extras (images, token types), prompts of at least 2 tokens."""
+        ``share_prompt_forward`` (None: a CPU with one process), a model no wrapper holds (DDP, e.g. under a
+        colocated vLLM engine's process group, would see two forwards per backward), no gradient checkpointing, no
+        per-token model extras (images, token types), prompts of at least 2 tokens."""
         share = self.args.share_prompt_forward
         if share is None:
             share = self.accelerator.device.type == "cpu" and self.accelerator.num_processes == 1
         return bool(
             share
+            and self.accelerator.unwrap_model(model) is model
             and not getattr(model, "is_gradient_checkpointing", False)
             and all(inputs.get(key) is None for key in _FORWARD_KEYS)
             and inputs["prompt_ids"].size(1) >= 2
