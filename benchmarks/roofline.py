@@ -386,6 +386,7 @@ def main() -> None:
     from klear.models.embedded import resolve_model_path
     from klear.precision import cpu_native_bf16
     from klear.rl.losses import LossSettings
+    from klear.rl.shared_prompt import distinct_prompts
 
     began = time.perf_counter()
     print(machine_line("start"), flush=True)
@@ -410,7 +411,7 @@ def main() -> None:
         step_flops(config, rows=rows, prompt=width, completion=steps, decode_steps=steps, micro_batch=micro_batch)
     )
     pick = micro_batch_rows(rows, micro_batch)
-    distinct = len({tuple(r) for r in input_ids[pick].tolist()})
+    distinct = distinct_prompts(input_ids[pick], mask[pick])[0].numel()
     flops[SHARED_PHASE] = shared_train_flops(
         config, distinct=distinct, micro_batch=micro_batch, prompt=width, completion=steps
     )
