@@ -174,3 +174,25 @@ def test_sampled_tokens_follow_the_models_distribution(model_tok, top_k):
     p = torch.cat([probs2[top], probs2[rest].sum()[None]])
     c = torch.cat([counts2[top], counts2[rest].sum()[None]])
     assert _chi_square_p(c, p) > 1e-4
+
+
+def test_trls_fused_head_patch_keeps_the_loop_and_accelerates_autocast_wrapper_does_not(model_tok):
+    """GRPOTrainer patches every policy's forward with TRL's fused LM head (an instance ``forward``); that patch
+    computes the same logits, so the loop stays; accelerate's mixed-precision wrapper (``_original_forward``) and
+    unknown wrappers keep ``generate``."""
+    import functools
+    import types
+
+    from trl.trainer.utils import add_fused_lm_head
+
+    model, tok = model_tok
+    ids, _ = _batch(tok, group_size=2)
+    config = GenerationConfig(max_new_tokens=4, do_sample=True, pad_token_id=tok.pad_token_id)
+    add_fused_lm_head(model)
+    assert "forward" in vars(model)
+    assert decode_supported(model, ids, config)
+    model._original_forward = model.forward  # what accelerate's prepare_model does under native AMP
+    model.forward = types.MethodType(functools.partial(type(model).forward), model)
+    assert not decode_supported(model, ids, config)
+    del model._original_forward
+    assert not decode_supported(model, ids, config)  # some other wrapper of forward: keep generate

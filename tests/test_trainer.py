@@ -476,7 +476,7 @@ def test_an_unscored_reward_is_left_out_instead_of_raising(tmp_path, tiny_model)
     trainer = GPPOTrainer(
         model=model,
         reward_funcs=_reward_table(table),
-        args=_config(tmp_path, max_steps=1),
+        args=_config(tmp_path, max_steps=1, bf16=False),  # float32, as `klear rl` runs on a CPU
         train_dataset=_dataset(4),
         processing_class=tok,
     )
@@ -506,7 +506,7 @@ def test_a_rollout_batch_with_no_scored_sample_stops_with_a_clear_error(tmp_path
     trainer = GPPOTrainer(
         model=model,
         reward_funcs=lambda prompts, completions, **kw: [None] * len(completions),
-        args=_config(tmp_path, max_steps=1),
+        args=_config(tmp_path, max_steps=1, bf16=False),  # float32, as `klear rl` runs on a CPU
         train_dataset=_dataset(4),
         processing_class=tok,
     )
@@ -560,3 +560,29 @@ def test_loss_and_gradient_with_an_unscored_sample_equal_those_without_it(loss_m
     torch.testing.assert_close(loss_all, loss_ref, rtol=1e-12, atol=0)
     torch.testing.assert_close(grad_all[scored_rows], grad_ref, rtol=1e-12, atol=1e-15)
     assert torch.equal(grad_all[2], torch.zeros(t, dtype=torch.float64))
+
+
+def test_rollouts_on_cpu_take_klears_decode_loop(tmp_path, tiny_model, monkeypatch):
+    """The trainer's transformers rollout decodes with klear.generation.decode.grouped_decode on a CPU with one
+    process (TRL's fused-LM-head patch of the policy's forward once sent every rollout back to ``generate``)."""
+    import klear.generation.decode as decode
+
+    model, tok = tiny_model
+    calls = []
+    loop = decode.grouped_decode
+
+    def counted(model, input_ids, *args, **kw):
+        calls.append(tuple(input_ids.shape))
+        return loop(model, input_ids, *args, **kw)
+
+    monkeypatch.setattr(decode, "grouped_decode", counted)
+    table = {f"p{i}": [1.0, -1.0] for i in range(4)}
+    trainer = GPPOTrainer(
+        model=model,
+        reward_funcs=_reward_table(table),
+        args=_config(tmp_path, max_steps=1, bf16=False),  # float32, as `klear rl` runs on a CPU
+        train_dataset=_dataset(4),
+        processing_class=tok,
+    )
+    trainer.train()
+    assert len(calls) == 1 and calls[0][0] == 16  # one rollout batch: 4 prompts x 4 generations

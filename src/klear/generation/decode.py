@@ -159,6 +159,22 @@ def _attention_implementation(model):
         config._attn_implementation = old
 
 
+def _forward_wrapped(model) -> bool:
+    """Whether ``model.forward`` is wrapped by something that may change the computation (accelerate's
+    mixed-precision autocast, an unknown wrapper): then ``generate`` keeps the decoding.
+
+    Not a wrapper in this sense: TRL's fused-LM-head patch (``trl.trainer.utils.add_fused_lm_head``, applied by
+    ``GRPOTrainer``), an instance ``forward`` made with ``functools.wraps(type(model).forward)`` that calls the original
+    forward unchanged unless ``fused_lm_head=True`` is passed (which the decode loop never does)."""
+    if "_original_forward" in vars(model):  # accelerate keeps the unwrapped forward here when it wraps one
+        return True
+    forward = vars(model).get("forward")
+    if forward is None:
+        return False
+    func = getattr(forward, "__func__", forward)
+    return getattr(func, "__wrapped__", None) is not type(model).forward
+
+
 def _plan(model, input_ids, generation_config, kwargs):
     """``(config, processors, max_new, eos, pad)`` when :func:`grouped_decode` can run this generation, else None."""
     import torch
@@ -168,7 +184,7 @@ def _plan(model, input_ids, generation_config, kwargs):
         or input_ids.device.type != "cpu"
         or torch.is_autocast_enabled("cpu")
         or any(p.dtype != torch.float32 for p in model.parameters())
-        or "forward" in vars(model)  # a wrapped forward (accelerate's mixed-precision autocast): keep generate
+        or _forward_wrapped(model)
     ):
         return None  # float32 weights only (under bf16 / autocast the attention's inputs come in mixed dtypes)
     config = model.config
