@@ -24,7 +24,7 @@ def add_parser(subparsers) -> None:
         "--config",
         required=True,
         help="an experiment YAML path, or a shipped name (configs/experiments: gppo_vs_baselines, "
-        "alpha_sweep, zero_adv_filter, soft_vs_hard_code, entropy_control, bench_gppo_vs_baselines, "
+        "alpha_sweep, zero_adv_filter, entropy_control, bench_gppo_vs_baselines, "
         "bench_high_lr, *_gpu)",
     )
     p.add_argument("--seeds", default=None, help="comma-separated trainer seeds (default: the file's seeds)")
