@@ -525,3 +525,14 @@ def test_an_unknown_stage_is_refused_with_the_file(tmp_path, tiny_ckpt):
     path = write_experiment(tmp_path / "bad.yaml", "x", "base.yaml", {"gppo": {}}, tmp_path / "exp", stage="dpo")
     with pytest.raises(ValueError, match=r"bad.yaml: stage='dpo' is unknown; expected one of \['rl', 'sft'\]"):
         load_experiment(path)
+
+
+def test_experiment_help_names_every_shipped_cpu_experiment(capsys):
+    """``klear experiment --help`` lists the shipped files from ``configs/experiments`` (a hand-kept list drifted)."""
+    from klear.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["experiment", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    names = sorted(p.stem for p in EXPERIMENT_DIR.glob("*.yaml") if not p.stem.endswith("_gpu"))
+    assert names and f"(configs/experiments: {', '.join(names)}, *_gpu)" in text

@@ -60,8 +60,12 @@ def find_config(name_or_path: str | Path, directory: Path = CONFIG_DIR, what: st
     for candidate in (directory / path.name, directory / f"{path.name}.yaml"):
         if candidate.is_file():
             return candidate
-    shipped = sorted(p.stem for p in directory.glob("*.yaml"))
-    raise FileNotFoundError(f"{what} {str(name_or_path)!r} not found (shipped: {shipped})")
+    raise FileNotFoundError(f"{what} {str(name_or_path)!r} not found (shipped: {shipped_configs(directory)})")
+
+
+def shipped_configs(directory: Path = CONFIG_DIR) -> list[str]:
+    """The names of the config files shipped with klear in ``directory`` (file stems, sorted)."""
+    return sorted(p.stem for p in directory.glob("*.yaml"))
 
 
 def accelerate_config_file(name: str) -> str:

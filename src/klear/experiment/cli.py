@@ -14,6 +14,10 @@ def _run(ns) -> int:
 
 def add_parser(subparsers) -> None:
     """Add the ``experiment`` subcommand."""
+    from klear.config import shipped_configs
+    from klear.experiment import EXPERIMENT_DIR
+
+    names = [n for n in shipped_configs(EXPERIMENT_DIR) if not n.endswith("_gpu")]
     p = subparsers.add_parser(
         "experiment",
         help="a base RL (or SFT) recipe x arms x seeds, then a report with plots",
@@ -23,9 +27,7 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--config",
         required=True,
-        help="an experiment YAML path, or a shipped name (configs/experiments: gppo_vs_baselines, "
-        "alpha_sweep, zero_adv_filter, entropy_control, bench_gppo_vs_baselines, "
-        "bench_high_lr, *_gpu)",
+        help=f"an experiment YAML path, or a shipped name (configs/experiments: {', '.join(names)}, *_gpu)",
     )
     p.add_argument("--seeds", default=None, help="comma-separated trainer seeds (default: the file's seeds)")
     p.add_argument(
