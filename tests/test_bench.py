@@ -93,25 +93,28 @@ def test_a_build_outside_its_band_raises_and_leaves_nothing(tiny_bench, monkeypa
 
 
 def test_unknown_and_unbuilt_bench_models_name_the_fix(tiny_bench, monkeypatch):
-    with pytest.raises(ValueError, match="unknown bench model 'nope'; the bench has: arith"):
+    with pytest.raises(ValueError, match="unknown bench model 'nope'; the bench has: arith, sums_code"):
         embedded.resolve_model_path("bench:nope")
     monkeypatch.setattr(embedded, "_bench_builder", None)  # klear.experiment.bench not imported
     with pytest.raises(FileNotFoundError, match="klear bench build tiny"):
         embedded.resolve_model_path("bench:tiny")
 
 
-def test_the_shipped_recipe_measures_what_the_build_measured():
+@pytest.mark.parametrize("recipe", ["rl_bench_arith", "rl_bench_sums_code"])
+def test_the_shipped_recipe_measures_what_the_build_measured(recipe):
     """The RL recipe's step-0 held-out evaluation is the build's measurement: the same problems, scorer, token
     budget and sampling, so the band the model was built into is where RL starts."""
     from klear.data.rl_data import make_train_and_heldout
 
-    config = yaml.safe_load(find_config("rl_bench_arith").read_text())
+    config = yaml.safe_load(find_config(recipe).read_text())
     spec = bench.BENCH_MODELS[config["model"].removeprefix("bench:")]
     assert config["data"]["tasks"] == [dict(t) for t in spec.tasks]
-    assert config["data"]["data_source"] == bench.SELECT_DATA_SOURCE
+    assert config["data"]["data_source"] == spec.data_source
+    assert config["data"].get("instruction") == spec.instruction
     assert config["data"]["heldout_size"] == spec.heldout_size and config.get("seed", 0) == spec.seed
     assert config["eval"]["max_new_tokens"] == config["trainer"]["max_completion_length"] == spec.max_new_tokens
     assert config["eval"]["temperature"] == spec.eval_temperature
+    prompt = {} if spec.instruction is None else {"instruction": config["data"]["instruction"]}
     _, rl_heldout = make_train_and_heldout(
         config["data"]["tasks"],
         train_size=1,
@@ -120,8 +123,23 @@ def test_the_shipped_recipe_measures_what_the_build_measured():
         few_shot=None,
         system_prompt=None,
         data_source=config["data"]["data_source"],
+        **prompt,
     )
     assert rl_heldout["prompt"] == bench.heldout_problems(spec)["prompt"]
+
+
+def test_fields_added_to_the_spec_keep_cached_models_valid():
+    """``data_source`` and ``instruction`` joined BenchSpec after models were cached: at their defaults they leave
+    the key (the cache key) what it was, and set to anything else they change it."""
+    import hashlib
+    from dataclasses import asdict
+
+    arith = bench.BENCH_MODELS["arith"]
+    old = {k: v for k, v in asdict(arith).items() if k not in ("data_source", "instruction")}
+    expected = hashlib.sha256(json.dumps(old, sort_keys=True, default=list).encode()).hexdigest()[:16]
+    assert arith.key() == expected
+    assert replace(arith, instruction="").key() != expected
+    assert replace(arith, data_source="math_reasoning_gym").key() != expected
 
 
 def test_experiment_on_a_bench_model_through_the_cli(tiny_bench, capsys):
@@ -159,3 +177,39 @@ def test_experiment_on_a_bench_model_through_the_cli(tiny_bench, capsys):
         assert (tiny_bench / "exp" / run / "eval.json").is_file(), run
     assert klear_main(["bench", "list"]) == 0
     assert "bench:tiny  tiny test spec  [built, accuracy" in capsys.readouterr().out
+
+
+def test_soft_and_hard_rewards_reach_a_multi_test_bench_model_through_the_cli(tiny_bench, monkeypatch, capsys):
+    """`klear experiment` on a tiny `sums_code` bench model (code rows, one sandbox test per sum): the soft arm's
+    rewards lie in [0, 1] (passed / total) and the hard arm's are -1 or +1, so the recipe's reward_mode reaches
+    the scorer of the rollouts."""
+    spec = replace(TINY, tasks=bench.BENCH_MODELS["sums_code"].tasks, data_source="code_longcot_bench", instruction="")
+    spec = replace(spec, sft={**spec.sft, "trainer.max_length": 320})
+    monkeypatch.setitem(bench.BENCH_MODELS, "tiny", spec)
+    base = yaml.safe_load(find_config("rl_bench_sums_code").read_text())
+    base["model"] = "bench:tiny"
+    base["data"].update(train_size=16, heldout_size=spec.heldout_size)
+    base["eval"].update(max_new_tokens=spec.max_new_tokens, every_steps=2)
+    base["trainer"].update(
+        max_steps=2,
+        steps_per_generation=1,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=spec.max_new_tokens,
+    )
+    (tiny_bench / "base.yaml").write_text(yaml.safe_dump(base))
+    exp = {
+        "name": "tiny_soft_vs_hard",
+        "description": "bench smoke",
+        "base": "base.yaml",
+        "reference": "soft",
+        "seeds": [0],
+        "output_dir": str(tiny_bench / "exp"),
+        "arms": {"soft": {"reward.reward_mode": "soft"}, "hard": {"reward.reward_mode": "hard"}},
+    }
+    (tiny_bench / "exp.yaml").write_text(yaml.safe_dump(exp))
+    assert klear_main(["experiment", "--config", str(tiny_bench / "exp.yaml")]) == 0
+    for arm, allowed in (("soft", lambda r: 0.0 <= r <= 1.0), ("hard", lambda r: r in (-1.0, 1.0))):
+        rows = [json.loads(x) for x in (tiny_bench / "exp" / arm / "seed0" / "metrics.jsonl").read_text().splitlines()]
+        rewards = [r["reward"] for r in rows if "reward" in r]
+        assert rewards and all(allowed(r) for r in rewards), (arm, rewards)

@@ -138,8 +138,11 @@ def _generate_task(name: str, config: dict, count: int, seed: int, excluded: set
     """
     import reasoning_gym
 
+    from klear.data.procedural import register_klear_tasks
+
     if count == 0:
         return []
+    register_klear_tasks()
     budget = 20 * count + 200  # candidates tried before giving up
     try:
         generator = reasoning_gym.create_dataset(name, size=budget, seed=seed, **config)
@@ -198,8 +201,8 @@ def make_reasoning_gym_dataset(
     always give the same dataset.
 
     Args:
-        tasks: list of ``{"name": reasoning_gym dataset name, "weight": float > 0 (default 1),
-            "config": dict of the generator's kwargs (not size/seed)}``.
+        tasks: list of ``{"name": reasoning_gym dataset name (or klear's own, :mod:`klear.data.procedural`),
+            "weight": float > 0 (default 1), "config": dict of the generator's kwargs (not size/seed)}``.
         size: number of problems (>= 1).
         seed: generation seed.
         split: stored in ``extra_info["split"]`` and in the ``prompt_id``.
@@ -294,6 +297,9 @@ def regenerate_entries(
     """
     import reasoning_gym
 
+    from klear.data.procedural import register_klear_tasks
+
+    register_klear_tasks()
     by_seed = {_sub_seed(seed, ti, t["name"]): t for ti, t in enumerate(_normalise_tasks(tasks))}
     needed: dict[int, int] = {}  # per-task generator seed -> entries to generate
     for info in extra_infos:

@@ -61,6 +61,9 @@ class BenchSpec:
             temperature, completions cut at ``max_new_tokens``).
         select_every: SFT steps between the checkpoints the build chooses from (:func:`build_bench_model`).
         seed: data, initialisation and training seed.
+        data_source: the rows' ``data_source`` (the scorer and think rule of the build's held-out measurement;
+            a bench RL recipe uses the same).
+        instruction: appended to each question (``None``: the builder's default, ``""``: the question alone).
     """
 
     tasks: tuple[dict[str, Any], ...]
@@ -78,10 +81,17 @@ class BenchSpec:
     max_new_tokens: int = 128
     select_every: int = 25
     seed: int = 0
+    data_source: str = SELECT_DATA_SOURCE
+    instruction: str | None = None
 
     def key(self) -> str:
-        """A short hash of everything that shapes the built model (its cache key)."""
-        text = json.dumps(asdict(self), sort_keys=True, default=list)
+        """A short hash of everything that shapes the built model (its cache key). Fields added after the first
+        bench model leave the hash alone at their defaults, so cached models stay valid."""
+        record = asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if record[name] == default:
+                del record[name]
+        text = json.dumps(record, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -98,12 +108,28 @@ _ADDITION = {
     },
 }
 
+_LATER_FIELDS = {"data_source": SELECT_DATA_SOURCE, "instruction": None}
+
+#: ``sums_code`` (:mod:`klear.data.procedural`): three 2-digit additions, returned by a Python function checked on
+#: one test per sum in the sandbox.
+_SUMS_CODE = {"name": "sums_code", "config": {"n_sums": 3, "min_digits": 2, "max_digits": 2}}
+
 #: The bench models a recipe can name as ``bench:<name>``.
 BENCH_MODELS: dict[str, BenchSpec] = {
     "arith": BenchSpec(
         tasks=(_ADDITION,),
         description="a+b with 3-digit operands, column addition in a think block (0.9M parameters)",
         sft={"data.train_size": 12000, "trainer.num_train_epochs": 2},
+    ),
+    "sums_code": BenchSpec(
+        tasks=(_SUMS_CODE,),
+        description="f(i) returning the i-th of three 2-digit sums, one sandbox test per sum (soft and hard code "
+        "rewards differ), column addition in a think block",
+        sft={"data.train_size": 20000, "trainer.num_train_epochs": 2, "trainer.max_length": 320},
+        band=(0.2, 0.6),  # all three sums right; each sum is right about 60% of the time at 0.24
+        max_new_tokens=224,
+        data_source="code_longcot_bench",
+        instruction="",
     ),
 }
 
@@ -127,7 +153,7 @@ def sft_config(spec: BenchSpec, model_path: str, output_dir: str) -> dict[str, A
             "heldout": "reasoning_gym",
             "tasks": [copy.deepcopy(t) for t in spec.tasks],
             "system_prompt": None,
-            "data_source": SELECT_DATA_SOURCE,
+            "data_source": spec.data_source,
             "train_size": 2000,
             "heldout_size": spec.heldout_size,  # excluded from the teacher's problems
         },
@@ -151,6 +177,8 @@ def sft_config(spec: BenchSpec, model_path: str, output_dir: str) -> dict[str, A
             "logging_steps": 25,
         },
     }
+    if spec.instruction is not None:
+        config["data"]["instruction"] = spec.instruction
     for key, value in spec.sft.items():
         set_dotted(config, key, value, f"bench spec sft.{key}")
     return config
@@ -160,8 +188,9 @@ def _corpus(spec: BenchSpec) -> list[str]:
     """Texts the tokenizer is trained on: teacher solutions and prompts of the bench's own task mix."""
     from klear.sft.data import make_teacher_sft_dataset
 
+    prompt = {} if spec.instruction is None else {"instruction": spec.instruction}
     train, _ = make_teacher_sft_dataset(
-        list(spec.tasks), train_size=500, heldout_size=2, seed=spec.seed + 1000, system_prompt=None
+        list(spec.tasks), train_size=500, heldout_size=2, seed=spec.seed + 1000, system_prompt=None, **prompt
     )
     return [m["content"] for row in train for m in row["prompt"] + row["completion"]]
 
@@ -234,7 +263,8 @@ def heldout_problems(spec: BenchSpec):
         seed=spec.seed,
         few_shot=None,
         system_prompt=None,
-        data_source=SELECT_DATA_SOURCE,
+        data_source=spec.data_source,
+        **({} if spec.instruction is None else {"instruction": spec.instruction}),
     )
     return heldout
 

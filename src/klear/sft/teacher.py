@@ -44,6 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from klear.data.procedural import SUMS_CODE, SUMS_CODE_FN
+
 __all__ = [
     "TeacherError",
     "TeacherMismatch",
@@ -395,13 +397,19 @@ def teacher_response(entry: Mapping[str, Any], *, dataset=None) -> str:
             ``score_answer`` must also accept the teacher's answer.
 
     Returns:
-        ``"<think>\\n...work...\\n</think>\\nThe answer is \\boxed{N}."``
+        ``"<think>\\n...work...\\n</think>\\nThe answer is \\boxed{N}."``.
+
+        For klear's ``sums_code`` task (:mod:`klear.data.procedural`): each sum worked out in the think block,
+        then the program, ``<think>\\n47+85\\n...So 12+39=51.\\n</think>\\n```python\\ndef f(i):\\n    return
+        [132, 51][i]\\n```\\n``.
 
     Raises:
         TeacherError: the entry has no ``metadata["expression"]`` or an unsupported one.
         TeacherMismatch: the computed answer differs from ``entry["answer"]`` (never emitted).
     """
     metadata = entry.get("metadata") or {}
+    if metadata.get("source_dataset") == SUMS_CODE:
+        return _sums_code_response(entry, dataset)
     expression = metadata.get("expression")
     if not isinstance(expression, str):
         source = metadata.get("source_dataset", "?")
@@ -423,3 +431,19 @@ def teacher_response(entry: Mapping[str, Any], *, dataset=None) -> str:
                 f"reasoning-gym scores the teacher's answer {solution.answer} as {score} for {entry.get('question')!r}"
             )
     return solution.response()
+
+
+def _sums_code_response(entry: Mapping[str, Any], dataset) -> str:
+    """The worked response to a ``sums_code`` entry (:func:`teacher_response`)."""
+    import json
+
+    metadata = entry["metadata"]
+    solutions = [solve_expression(e) for e in metadata["expressions"]]
+    sums = [s.answer for s in solutions]
+    if sums != metadata["sums"] or json.loads(entry["answer"])["outputs"] != sums:
+        raise TeacherMismatch(f"teacher sums {sums} != the entry's {metadata['sums']} ({entry.get('question')!r})")
+    if dataset is not None and dataset.score_answer(json.dumps(sums), entry) != 1.0:
+        raise TeacherMismatch(f"reasoning-gym scores the teacher's sums {sums} as wrong for {entry.get('question')!r}")
+    thinking = "\n".join(s.thinking for s in solutions)
+    program = f"def {SUMS_CODE_FN}(i):\n    return [{', '.join(map(str, sums))}][i]"
+    return f"{THINK_OPEN}\n{thinking}\n{THINK_CLOSE}\n```python\n{program}\n```"
