@@ -73,10 +73,37 @@ def test_teacher_program_passes_every_test_and_a_wrong_sum_fails_only_its_own():
     assert hard == [1.0, -1.0, -1.0, -1.0]
 
 
-def test_teacher_refuses_an_entry_whose_sums_disagree():
-    from klear.sft.teacher import TeacherMismatch
+def _tampered(change):
+    import copy
 
-    entry, gen = regenerate_entries(TASKS, 0, _rows(size=1)["extra_info"])[0]
-    entry["metadata"]["sums"] = [s + 1 for s in entry["metadata"]["sums"]]
-    with pytest.raises(TeacherMismatch, match="teacher sums"):
-        teacher_response(entry, dataset=gen)
+    entry, _ = regenerate_entries(TASKS, 0, _rows(size=1)["extra_info"])[0]
+    entry = copy.deepcopy(entry)
+    change(entry)
+    return entry
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (
+            lambda e: e["metadata"].update(sums=[s + 1 for s in e["metadata"]["sums"]]),
+            "mismatch",
+            "metadata\\['sums'\\]",
+        ),
+        (lambda e: e["metadata"].pop("expressions"), "error", "must be a non-empty list of 'a\\+b' strings, got None"),
+        (lambda e: e["metadata"].update(expressions="47+85"), "error", "non-empty list"),
+        (lambda e: e["metadata"].update(expressions=[]), "error", "non-empty list"),
+        (lambda e: e.update(question=e["question"].rsplit("\n", 1)[0]), "mismatch", "question's lines"),
+        (lambda e: e.update(answer="hello"), "mismatch", "is not the ground truth of the sums"),
+        (lambda e: e.update(answer=e["answer"].replace('"f"', '"g"')), "mismatch", "is not the ground truth"),
+        (lambda e: e.pop("answer"), "mismatch", "answer None is not the ground truth"),
+    ],
+)
+def test_teacher_refuses_an_entry_whose_parts_disagree(change, error, message):
+    """Question, metadata and ground truth must describe the same sums, or no SFT example is written."""
+    from klear.sft.teacher import TeacherError, TeacherMismatch
+
+    with pytest.raises(TeacherMismatch if error == "mismatch" else TeacherError, match=message):
+        teacher_response(_tampered(change))
+    with pytest.raises(TeacherError, match="expected a reasoning-gym entry"):
+        teacher_response("47+85")

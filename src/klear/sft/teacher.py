@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from klear.data.procedural import SUMS_CODE, SUMS_CODE_FN
+from klear.data.procedural import SUMS_CODE, SUMS_CODE_FN, sums_code_ground_truth
 
 __all__ = [
     "TeacherError",
@@ -407,6 +407,8 @@ def teacher_response(entry: Mapping[str, Any], *, dataset=None) -> str:
         TeacherError: the entry has no ``metadata["expression"]`` or an unsupported one.
         TeacherMismatch: the computed answer differs from ``entry["answer"]`` (never emitted).
     """
+    if not isinstance(entry, Mapping):
+        raise TeacherError(f"expected a reasoning-gym entry (a dict with question, answer, metadata), got {entry!r}")
     metadata = entry.get("metadata") or {}
     if metadata.get("source_dataset") == SUMS_CODE:
         return _sums_code_response(entry, dataset)
@@ -434,16 +436,35 @@ def teacher_response(entry: Mapping[str, Any], *, dataset=None) -> str:
 
 
 def _sums_code_response(entry: Mapping[str, Any], dataset) -> str:
-    """The worked response to a ``sums_code`` entry (:func:`teacher_response`)."""
+    """The worked response to a ``sums_code`` entry (:func:`teacher_response`), after checking that its
+    question, ``metadata`` and ground truth describe the same sums."""
     import json
 
     metadata = entry["metadata"]
-    solutions = [solve_expression(e) for e in metadata["expressions"]]
+    expressions = metadata.get("expressions")
+    if not isinstance(expressions, list) or not expressions or not all(isinstance(e, str) for e in expressions):
+        raise TeacherError(
+            f"sums_code entry: metadata['expressions'] must be a non-empty list of 'a+b' strings, got {expressions!r}"
+        )
+    solutions = [solve_expression(e) for e in expressions]
     sums = [s.answer for s in solutions]
-    if sums != metadata["sums"] or json.loads(entry["answer"])["outputs"] != sums:
-        raise TeacherMismatch(f"teacher sums {sums} != the entry's {metadata['sums']} ({entry.get('question')!r})")
+    where = f"sums_code entry {entry.get('question')!r}"
+    if metadata.get("sums") != sums:
+        raise TeacherMismatch(f"{where}: teacher sums {sums} != metadata['sums'] {metadata.get('sums')!r}")
+    lines = str(entry.get("question", "")).split("\n")[1:]
+    if lines != [f"{i}: {e}" for i, e in enumerate(expressions)]:
+        raise TeacherMismatch(f"{where}: the question's lines {lines!r} do not list metadata['expressions']")
+    try:
+        answer = json.loads(entry.get("answer") or "")
+    except (TypeError, ValueError):
+        answer = None
+    if answer != json.loads(sums_code_ground_truth(sums)):
+        raise TeacherMismatch(
+            f"{where}: answer {entry.get('answer')!r} is not the ground truth of the sums, "
+            f"{sums_code_ground_truth(sums)}"
+        )
     if dataset is not None and dataset.score_answer(json.dumps(sums), entry) != 1.0:
-        raise TeacherMismatch(f"reasoning-gym scores the teacher's sums {sums} as wrong for {entry.get('question')!r}")
+        raise TeacherMismatch(f"{where}: reasoning-gym scores the teacher's sums {sums} as wrong")
     thinking = "\n".join(s.thinking for s in solutions)
     program = f"def {SUMS_CODE_FN}(i):\n    return [{', '.join(map(str, sums))}][i]"
     return f"{THINK_OPEN}\n{thinking}\n{THINK_CLOSE}\n```python\n{program}\n```"
