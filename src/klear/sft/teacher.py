@@ -399,13 +399,15 @@ def teacher_response(entry: Mapping[str, Any], *, dataset=None) -> str:
     Returns:
         ``"<think>\\n...work...\\n</think>\\nThe answer is \\boxed{N}."``.
 
-        For klear's ``sums_code`` task (:mod:`klear.data.procedural`): each sum worked out in the think block,
-        then the program, ``<think>\\n47+85\\n...So 12+39=51.\\n</think>\\n```python\\ndef f(i):\\n    return
-        [132, 51][i]\\n```\\n``.
+        For klear's ``sums_code`` task (:mod:`klear.data.procedural`): each sum worked out in the think block
+        (``<think>\\n47+85\\n...So 12+39=51.\\n</think>``), then the program in a fenced ``python`` block,
+        ``def f(i):\\n    return [132, 51][i]``.
 
     Raises:
-        TeacherError: the entry has no ``metadata["expression"]`` or an unsupported one.
-        TeacherMismatch: the computed answer differs from ``entry["answer"]`` (never emitted).
+        TeacherError: the entry is not a dict, has no ``metadata["expression"]`` or an unsupported one (``sums_code``:
+            no list of expressions).
+        TeacherMismatch: the computed answer differs from ``entry["answer"]`` (``sums_code``: the question, metadata
+            or ground truth disagree with the computed sums); never emitted.
     """
     if not isinstance(entry, Mapping):
         raise TeacherError(f"expected a reasoning-gym entry (a dict with question, answer, metadata), got {entry!r}")
