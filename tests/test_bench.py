@@ -142,21 +142,26 @@ def test_fields_added_to_the_spec_keep_cached_models_valid():
     assert replace(arith, data_source="math_reasoning_gym").key() != expected
 
 
-def test_experiment_on_a_bench_model_through_the_cli(tiny_bench, capsys):
-    """`klear experiment` with a recipe naming `bench:tiny`: the model is built on first use, 2 arms x 2 seeds run,
-    and the report gives the seed-unit comparison with its minimum detectable effect."""
-    base = yaml.safe_load(find_config("rl_bench_arith").read_text())
+def _write_tiny_base(folder, recipe, spec, *, train_size):
+    """A shipped bench recipe shrunk to 2 steps on ``bench:tiny`` (built from ``spec``), as ``folder/base.yaml``."""
+    base = yaml.safe_load(find_config(recipe).read_text())
     base["model"] = "bench:tiny"
-    base["data"].update(tasks=[dict(t) for t in TINY.tasks], train_size=32, heldout_size=TINY.heldout_size)
-    base["eval"].update(max_new_tokens=TINY.max_new_tokens, every_steps=2)
+    base["data"].update(tasks=[dict(t) for t in spec.tasks], train_size=train_size, heldout_size=spec.heldout_size)
+    base["eval"].update(max_new_tokens=spec.max_new_tokens, every_steps=2)
     base["trainer"].update(
         max_steps=2,
         steps_per_generation=1,
         per_device_train_batch_size=8,
         num_generations=4,
-        max_completion_length=TINY.max_new_tokens,
+        max_completion_length=spec.max_new_tokens,
     )
-    (tiny_bench / "base.yaml").write_text(yaml.safe_dump(base))
+    (folder / "base.yaml").write_text(yaml.safe_dump(base))
+
+
+def test_experiment_on_a_bench_model_through_the_cli(tiny_bench, capsys):
+    """`klear experiment` with a recipe naming `bench:tiny`: the model is built on first use, 2 arms x 2 seeds run,
+    and the report gives the seed-unit comparison with its minimum detectable effect."""
+    _write_tiny_base(tiny_bench, "rl_bench_arith", TINY, train_size=32)
     exp = {
         "name": "tiny_bench",
         "description": "bench smoke",
@@ -186,18 +191,7 @@ def test_soft_and_hard_rewards_reach_a_multi_test_bench_model_through_the_cli(ti
     spec = replace(TINY, tasks=bench.BENCH_MODELS["sums_code"].tasks, data_source="code_longcot_bench", instruction="")
     spec = replace(spec, sft={**spec.sft, "trainer.max_length": 320})
     monkeypatch.setitem(bench.BENCH_MODELS, "tiny", spec)
-    base = yaml.safe_load(find_config("rl_bench_sums_code").read_text())
-    base["model"] = "bench:tiny"
-    base["data"].update(train_size=16, heldout_size=spec.heldout_size)
-    base["eval"].update(max_new_tokens=spec.max_new_tokens, every_steps=2)
-    base["trainer"].update(
-        max_steps=2,
-        steps_per_generation=1,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=spec.max_new_tokens,
-    )
-    (tiny_bench / "base.yaml").write_text(yaml.safe_dump(base))
+    _write_tiny_base(tiny_bench, "rl_bench_sums_code", spec, train_size=16)
     exp = {
         "name": "tiny_soft_vs_hard",
         "description": "bench smoke",
