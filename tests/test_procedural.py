@@ -107,3 +107,20 @@ def test_teacher_refuses_an_entry_whose_parts_disagree(change, error, message):
         teacher_response(_tampered(change))
     with pytest.raises(TeacherError, match="expected a reasoning-gym entry"):
         teacher_response("47+85")
+
+
+def test_regenerating_a_row_without_its_reasoning_gym_keys_names_the_row():
+    info = dict(_rows(size=2)["extra_info"][1])
+    good = _rows(size=2)["extra_info"][0]
+    del info["rg_index"]
+    with pytest.raises(ValueError, match=r"^row 1: extra_info .* has no integer 'rg_seed' and 'rg_index'"):
+        regenerate_entries(TASKS, 0, [good, info])
+    with pytest.raises(ValueError, match="row 0: extra_info None has no integer"):
+        regenerate_entries(TASKS, 0, [None])
+    for index in (True, -1):
+        with pytest.raises(ValueError, match="row 0: .* has no integer 'rg_seed' and 'rg_index' >= 0"):
+            regenerate_entries(TASKS, 0, [dict(good, rg_index=index)])
+    with pytest.raises(ValueError, match="row 0: .*is not from these tasks and seed"):
+        regenerate_entries(TASKS, 1, [good])
+    with pytest.raises(ValueError, match="its question is not the problem rg_seed/rg_index give"):
+        regenerate_entries(TASKS, 0, [dict(good, question="What is 1+1?")])

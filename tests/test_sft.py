@@ -583,3 +583,59 @@ def test_warmup_longer_than_max_steps_fails_before_any_work():
     with pytest.raises(ValueError, match=r"trainer.warmup_steps=2 exceeds trainer.max_steps=1"):
         validate_sft_config(config, str(path))
     validate_sft_config(load_config("sft_demo", ["trainer.max_steps=2"])[0], str(path))
+
+
+def test_teacher_slip_rate_is_checked_before_any_work():
+    from klear.config import load_config
+    from klear.sft.job import validate_sft_config
+
+    for value, message in (
+        ("1.0", r"data.teacher_slip_rate=1.0 must be a number in \[0, 1\)"),
+        ("-0.1", r"data.teacher_slip_rate=-0.1 must be a number in \[0, 1\)"),
+        ("yes", r"data.teacher_slip_rate='yes' must be a number in \[0, 1\)"),
+        (".nan", r"data.teacher_slip_rate=nan must be a number in \[0, 1\)"),
+    ):
+        config, path = load_config("sft_demo", [f"data.teacher_slip_rate={value}"])
+        with pytest.raises(ValueError, match=message):
+            validate_sft_config(config, str(path))
+    config, path = load_config("sft_demo", ["data.teacher_slip_rate=0.2", "data.train=x.jsonl", "data.heldout=none"])
+    with pytest.raises(ValueError, match="data.teacher_slip_rate=0.2 applies to data.train=teacher only"):
+        validate_sft_config(config, str(path))
+
+
+def test_flawed_teacher_through_klear_sft_filter_correct_drops_the_wrong_rows(tmp_path, embedded_path):
+    """``klear sft`` with a flawed teacher: ``filter: none`` trains on its wrong solutions too, ``correct`` on the
+    right ones only, and the report counts what was dropped."""
+    from klear.cli import main
+
+    model_dir = _tiny_checkpoint(tmp_path, embedded_path)
+
+    def run(name, mode):
+        out = tmp_path / name
+        args = [f"model={model_dir}", f"output_dir={out}", "data.train_size=40", "data.heldout_size=2",
+                "data.teacher_slip_rate=0.3", f"data.filter={mode}", "eval.enabled=false", "trainer.max_steps=1",
+                "trainer.warmup_steps=0", "trainer.per_device_train_batch_size=2", "trainer.report_to=[]",
+                "trainer.save_strategy=no"]  # fmt: skip
+        assert main(["sft", *args]) == 0
+        rows = [json.loads(line) for line in (out / "sft_data.jsonl").read_text().splitlines()]
+        wrong = sum(f"\\boxed{{{r['ground_truth']}}}" not in r["completion"][-1]["content"] for r in rows)
+        return rows, wrong, json.loads((out / "eval.json").read_text())  # the run's report
+
+    mixed, wrong_mixed, _ = run("mixed", "none")
+    correct, wrong_correct, summary = run("correct", "correct")
+    assert len(mixed) == 40 and wrong_mixed > 0 and wrong_correct == 0
+    assert len(correct) == 40 - wrong_mixed
+    assert summary["filter"]["removed_wrong"] == wrong_mixed
+
+
+def test_one_teacher_slip_rate_per_task_is_checked_against_the_tasks():
+    from klear.config import load_config
+    from klear.sft.job import validate_sft_config
+
+    config, path = load_config("sft_demo", ["data.teacher_slip_rate=[0.1, 0.2]"])  # sft_demo has 3 tasks
+    with pytest.raises(ValueError, match="data.teacher_slip_rate lists 2 rates for 3 data.tasks"):
+        validate_sft_config(config, str(path))
+    config, path = load_config("sft_demo", ["data.teacher_slip_rate=[0.1, 0.2, 1.5]"])
+    with pytest.raises(ValueError, match=r"data.teacher_slip_rate\[2\]=1.5 must be a number in \[0, 1\)"):
+        validate_sft_config(config, str(path))
+    validate_sft_config(load_config("sft_demo", ["data.teacher_slip_rate=[0.1, 0.2, 0.0]"])[0], str(path))

@@ -313,6 +313,10 @@ class SFTDataSection(_Section):
     """Table 2's correctness policy on the SFT file: ``none``, ``correct`` or ``by_difficulty``."""
     easy_pass_rate: float = 0.5
     """``by_difficulty``: a prompt whose pass rate is at least this is easy (keeps correct responses only)."""
+    teacher_slip_rate: float | list = 0.0
+    """``train: teacher``: a flawed teacher's chance of a slip in each column fact, in [0, 1) (paper Sec. 5.1's
+    data ablations; :mod:`klear.sft.teacher`); 0: every solution is correct. A list: one rate per ``tasks`` entry
+    (each a "source" of known quality, Tables 4-5)."""
 
     def check(self, source: str) -> None:
         if not isinstance(self.train, str) or not self.train:
@@ -337,6 +341,27 @@ class SFTDataSection(_Section):
         _check_number(source, "data.easy_pass_rate", self.easy_pass_rate, 0.0)
         if self.easy_pass_rate > 1:
             raise ValueError(f"{source}: data.easy_pass_rate={self.easy_pass_rate!r} must be a pass rate in [0, 1]")
+        listed = isinstance(self.teacher_slip_rate, list)
+        rates: list[Any] = (
+            list(self.teacher_slip_rate) if isinstance(self.teacher_slip_rate, list) else [self.teacher_slip_rate]
+        )
+        for i, rate in enumerate(rates):
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+                where = f"data.teacher_slip_rate[{i}]" if listed else "data.teacher_slip_rate"
+                raise ValueError(
+                    f"{source}: {where}={rate!r} must be a number in [0, 1) (data.teacher_slip_rate: one rate, or a "
+                    "list with one per data.tasks entry)"
+                )
+        if isinstance(self.teacher_slip_rate, list) and len(rates) != len(self.tasks or []):
+            raise ValueError(
+                f"{source}: data.teacher_slip_rate lists {len(rates)} rates for {len(self.tasks or [])} data.tasks "
+                "(one rate per task, or one number)"
+            )
+        if any(rates) and self.train != "teacher":
+            raise ValueError(
+                f"{source}: data.teacher_slip_rate={self.teacher_slip_rate!r} applies to data.train=teacher only "
+                f"(data.train is {self.train!r})"
+            )
 
 
 # ---------------------------------------------------------------------------------------------- whole recipes

@@ -280,6 +280,33 @@ def make_reasoning_gym_dataset(
     return datasets.Dataset.from_list(rows)
 
 
+def task_indices(tasks: Sequence[Mapping[str, Any]], seed: int, extra_infos: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The position in ``tasks`` of each row's task (rows of :func:`make_reasoning_gym_dataset` with the same
+    ``tasks`` and ``seed``; two entries of one task with different configs are told apart).
+
+    Raises:
+        ValueError: bad ``tasks``, an ``extra_info`` without integer ``rg_seed``/``rg_index`` >= 0, or one whose
+            ``rg_seed`` none of ``tasks`` gives.
+    """
+    index = {_sub_seed(seed, ti, t["name"]): ti for ti, t in enumerate(_normalise_tasks(tasks))}
+    out = []
+    for row, info in enumerate(extra_infos):
+        if not isinstance(info, Mapping) or not all(
+            isinstance(info.get(k), int) and not isinstance(info.get(k), bool) and info[k] >= 0
+            for k in ("rg_seed", "rg_index")
+        ):
+            raise ValueError(
+                f"row {row}: extra_info {info!r} has no integer 'rg_seed' and 'rg_index' >= 0 (the reasoning-gym "
+                "rows klear writes carry both)"
+            )
+        if info["rg_seed"] not in index:
+            raise ValueError(
+                f"row {row}: extra_info {dict(info)}: rg_seed {info['rg_seed']} is not from these tasks and seed"
+            )
+        out.append(index[info["rg_seed"]])
+    return out
+
+
 def regenerate_entries(
     tasks: Sequence[Mapping[str, Any]], seed: int, extra_infos: Sequence[Mapping[str, Any]]
 ) -> list[tuple[dict, Any]]:
@@ -292,19 +319,18 @@ def regenerate_entries(
         reasoning-gym's ``score_answer`` and procedural solvers need).
 
     Raises:
-        ValueError: bad ``tasks``, or an ``extra_info`` whose ``rg_seed`` none of ``tasks`` gives.
-        RuntimeError: reasoning-gym regenerated a different question (its indexing changed).
+        ValueError: bad ``tasks``, or an ``extra_info`` that is not one of their rows (:func:`task_indices`, or a
+            question other than the one its ``rg_seed``/``rg_index`` give).
     """
     import reasoning_gym
 
     from klear.data.procedural import register_klear_tasks
 
     register_klear_tasks()
-    by_seed = {_sub_seed(seed, ti, t["name"]): t for ti, t in enumerate(_normalise_tasks(tasks))}
+    norm = _normalise_tasks(tasks)
+    by_seed = {info["rg_seed"]: norm[ti] for info, ti in zip(extra_infos, task_indices(tasks, seed, extra_infos))}
     needed: dict[int, int] = {}  # per-task generator seed -> entries to generate
     for info in extra_infos:
-        if info["rg_seed"] not in by_seed:
-            raise ValueError(f"extra_info {dict(info)}: rg_seed {info['rg_seed']} is not from these tasks and seed")
         needed[info["rg_seed"]] = max(needed.get(info["rg_seed"], 0), info["rg_index"] + 1)
     generators = {
         s: reasoning_gym.create_dataset(by_seed[s]["name"], size=size, seed=s, **by_seed[s]["config"])
@@ -314,8 +340,11 @@ def regenerate_entries(
     for info in extra_infos:
         gen = generators[info["rg_seed"]]
         entry = gen[info["rg_index"]]
-        if entry["question"] != info["question"]:  # pragma: no cover - reasoning-gym changed its indexing
-            raise RuntimeError(f"reasoning-gym regenerated a different question for {info}: {entry['question']!r}")
+        if entry["question"] != info.get("question"):
+            raise ValueError(
+                f"extra_info {dict(info)}: its question is not the problem rg_seed/rg_index give, "
+                f"{entry['question']!r} (a row edited by hand, or another reasoning-gym version)"
+            )
         out.append((entry, gen))
     return out
 

@@ -188,9 +188,13 @@ def _corpus(spec: BenchSpec) -> list[str]:
     """Texts the tokenizer is trained on: teacher solutions and prompts of the bench's own task mix."""
     from klear.sft.data import make_teacher_sft_dataset
 
-    prompt = {} if spec.instruction is None else {"instruction": spec.instruction}
     train, _ = make_teacher_sft_dataset(
-        list(spec.tasks), train_size=500, heldout_size=2, seed=spec.seed + 1000, system_prompt=None, **prompt
+        list(spec.tasks),
+        train_size=500,
+        heldout_size=2,
+        seed=spec.seed + 1000,
+        system_prompt=None,
+        instruction=spec.instruction,
     )
     return [m["content"] for row in train for m in row["prompt"] + row["completion"]]
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,7 @@ def make_teacher_sft_dataset(
     system_prompt: str | None = None,
     instruction: str | None = None,
     data_source: str = "math_reasoning_gym",
+    slip_rate: float | Sequence[float] = 0.0,
 ):
     """Worked teacher solutions for reasoning-gym problems, plus a disjoint held-out set.
 
@@ -284,20 +286,32 @@ def make_teacher_sft_dataset(
         system_prompt: optional system message (both sets).
         instruction: appended to each question (default: rl_data's ``DEFAULT_INSTRUCTION``).
         data_source: ``data_source`` of both sets (the held-out scorer).
+        slip_rate: a flawed teacher's chance of a slip in each column fact (:mod:`klear.sft.teacher`), drawn per
+            example from ``random.Random(f"{seed}:{index}")``; 0: every solution is correct. A list gives one rate
+            per task (each task a "source" of known quality, paper Sec. 5.1.2).
 
     Returns:
         ``(sft_train, heldout)``: the SFT set in this module's layout (``ground_truth`` = the
         reasoning-gym answer, ``difficulty`` None) and the held-out set in the RL layout.
 
     Raises:
-        ValueError: bad tasks/sizes (as rl_data), or a task the teacher cannot solve.
+        ValueError: bad tasks/sizes (as rl_data), a task the teacher cannot solve, a ``slip_rate`` outside [0, 1),
+            or a list of rates whose length is not the number of tasks.
         klear.sft.teacher.TeacherMismatch: the teacher disagrees with reasoning-gym (never emitted).
     """
     import datasets
 
     from klear.data import rl_data
-    from klear.sft.teacher import teacher_response
+    from klear.sft.teacher import check_slip_rate, teacher_response
 
+    if isinstance(slip_rate, (list, tuple)):
+        rates = list(slip_rate)
+        if len(rates) != len(tasks):
+            raise ValueError(f"slip_rate: {len(rates)} rates for {len(tasks)} tasks (one rate per task, or one number)")
+    else:
+        rates = [slip_rate] * len(tasks)
+    for rate in rates:
+        check_slip_rate(rate)  # every rate, before any work
     kwargs: dict[str, Any] = {"few_shot": None, "system_prompt": system_prompt, "data_source": data_source}
     if instruction is not None:
         kwargs["instruction"] = instruction
@@ -305,13 +319,17 @@ def make_teacher_sft_dataset(
         tasks, train_size=train_size, heldout_size=heldout_size, seed=seed, **kwargs
     )
     entries = rl_data.regenerate_entries(tasks, seed, train["extra_info"])
+    task_of = rl_data.task_indices(tasks, seed, train["extra_info"])
     rows = []
-    for row, (entry, gen) in zip(train, entries):
+    for index, (row, (entry, gen)) in enumerate(zip(train, entries)):
         info = row["extra_info"]
+        rate = rates[task_of[index]]
+        rng = random.Random(f"{seed}:{index}") if rate else None
+        response = teacher_response(entry, dataset=gen, slip_rate=rate, rng=rng)
         rows.append(
             {
                 "prompt": row["prompt"],
-                "completion": [{"role": "assistant", "content": teacher_response(entry, dataset=gen)}],
+                "completion": [{"role": "assistant", "content": response}],
                 "data_source": data_source,
                 "ground_truth": row["reward_model"]["ground_truth"],
                 "difficulty": None,

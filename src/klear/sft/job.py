@@ -126,6 +126,7 @@ def _build_datasets(data: SFTDataSection, seed: int):
             heldout_size=data.heldout_size or 2,
             seed=seed,
             data_source=data.data_source,
+            slip_rate=data.teacher_slip_rate,
             **prompt_kwargs,
         )
         if data.heldout != "reasoning_gym":

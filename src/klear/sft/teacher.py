@@ -20,7 +20,15 @@ number is a token of its own, so this is ~25% shorter than ``7 + 5 = 12``.
 
 Every number in the text is computed with Python integers, and :func:`teacher_response` checks the
 final answer against reasoning-gym's own answer (and its ``score_answer``) before returning: a
-wrong solution is never emitted (:class:`TeacherMismatch` is raised instead).
+wrong solution is never emitted (:class:`TeacherMismatch` is raised instead), unless slips are asked for.
+
+Flawed solutions (a teacher of known quality, for the SFT data ablations of paper Sec. 5.1, Tables 2, 4-5): with
+``slip_rate`` p > 0, each column fact of column addition and multiplication (``4+8+1=13``) is stated one too high
+or one too low with probability p, and the rest of the work follows from the slip as written (its digit, its
+carry, the sums built on it), so the response is as coherent as a correct one. A two-operand addition with c
+column facts is flawed with probability 1-(1-p)^c (more digits, more flaws) and its final answer is then always
+wrong; in longer work two slips can cancel (about 2% of 2-digit products at p = 0.15), leaving flawed work with a
+right answer. One-digit facts stated directly (``7+5=12``) and subtraction columns are never slipped.
 
 Procedures (each reduces multi-digit work to one-digit facts, which a small model knows):
 
@@ -39,8 +47,11 @@ Procedures (each reduces multi-digit work to one-digit facts, which a small mode
 
 from __future__ import annotations
 
+import random
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +61,7 @@ __all__ = [
     "TeacherError",
     "TeacherMismatch",
     "Solution",
+    "check_slip_rate",
     "solve_expression",
     "teacher_response",
     "tokenize_expression",
@@ -70,10 +82,12 @@ class TeacherMismatch(RuntimeError):
 
 @dataclass(frozen=True)
 class Solution:
-    """A worked solution: ``thinking`` (the lines inside the think block) and the integer ``answer``."""
+    """A worked solution: ``thinking`` (the lines inside the think block), the integer ``answer`` it reaches and
+    the number of ``slips`` in it (0: the answer is the expression's value)."""
 
     thinking: str
     answer: int
+    slips: int = 0
 
     def response(self) -> str:
         """The full assistant response: ``<think>\\n...\\n</think>\\nThe answer is \\boxed{answer}.``"""
@@ -149,14 +163,46 @@ def _fmt(n: int) -> str:
     return str(n)
 
 
+class _Slips:
+    """The slips of one solution: each column fact is off by one with probability ``rate`` (drawn from ``rng``)."""
+
+    def __init__(self, rate: float, rng: random.Random):
+        self.rate, self.rng, self.count = rate, rng, 0
+
+    def apply(self, s: int) -> int:
+        if self.rng.random() >= self.rate:
+            return s
+        self.count += 1
+        return s + 1 if s == 0 or self.rng.random() < 0.5 else s - 1
+
+
+_SLIPS: ContextVar[_Slips | None] = ContextVar("klear_teacher_slips", default=None)
+
+
+@contextmanager
+def _slipping(slips: _Slips | None) -> Iterator[None]:
+    token = _SLIPS.set(slips)
+    try:
+        yield
+    finally:
+        _SLIPS.reset(token)
+
+
+def _exact() -> bool:
+    """True while no slip has been made in the solution being written (its values must then be exact)."""
+    slips = _SLIPS.get()
+    return slips is None or slips.count == 0
+
+
 def _write_columns(columns: list[tuple[str, int]], lines: list[str]) -> int:
     """Column arithmetic, ones first: each column is (its expression, its value before the carry); appends one
     line per column ("tens: 4+7+1=12, write 2 carry 1"; the last column writes its whole sum) and returns the
-    number written."""
+    number written (a slip, see the module docstring, changes the column's sum and everything after it)."""
+    slips = _SLIPS.get()
     carry = 0
     written: list[str] = []
     for k, (expr0, value) in enumerate(columns):
-        s = value + carry
+        s = value + carry if slips is None else slips.apply(value + carry)
         expr = expr0 + (f"+{carry}" if carry else "")
         if k == len(columns) - 1:
             lines.append(f"{_place(k)}: {expr}={s}, write {s}")
@@ -184,10 +230,10 @@ def _add(a: int, b: int, lines: list[str]) -> int:
         y = db[k] if k < len(db) else 0
         columns.append((f"{x}+{y}", x + y))
     result = _write_columns(columns, lines)
-    if result != total:  # pragma: no cover - a bug in the procedure
+    if result != total and _exact():  # pragma: no cover - a bug in the procedure
         raise TeacherMismatch(f"column addition {a} + {b} gave {result}")
-    lines.append(f"{a}+{b}={total}")
-    return total
+    lines.append(f"{a}+{b}={result}")
+    return result
 
 
 def _sub_nonneg(a: int, b: int, lines: list[str]) -> int:
@@ -269,10 +315,10 @@ def _mul_digit(x: int, d: int, lines: list[str]) -> int:
         return product
     lines.append(f"{x}*{d}")
     result = _write_columns([(f"{digit}*{d}", digit * d) for digit in _digits(x)], lines)
-    if result != product:  # pragma: no cover
+    if result != product and _exact():  # pragma: no cover
         raise TeacherMismatch(f"column multiplication {x} * {d} gave {result}")
-    lines.append(f"{x}*{d}={product}")
-    return product
+    lines.append(f"{x}*{d}={result}")
+    return result
 
 
 def _mul_nonneg(a: int, b: int, lines: list[str]) -> int:
@@ -301,10 +347,10 @@ def _mul_nonneg(a: int, b: int, lines: list[str]) -> int:
     acc = partials[0]
     for p in partials[1:]:
         acc = _add(acc, p, lines)
-    if acc != product:  # pragma: no cover
+    if acc != product and _exact():  # pragma: no cover
         raise TeacherMismatch(f"long multiplication {a} * {b} gave {acc}")
-    lines.append(f"So {a}*{b}={product}")
-    return product
+    lines.append(f"So {a}*{b}={acc}")
+    return acc
 
 
 def _signed_mul(x: int, y: int, lines: list[str]) -> int:
@@ -329,20 +375,50 @@ def _render(tokens: list[int | str]) -> str:
     return "".join(parts)
 
 
-def solve_expression(expression: str) -> Solution:
+def solve_expression(expression: str, *, slip_rate: float = 0.0, rng: random.Random | None = None) -> Solution:
     """Worked solution of an integer expression with ``+ - *`` (usual precedence).
 
     Args:
         expression: e.g. ``"98+93-77"`` or ``"23*60"``.
+        slip_rate: the chance of a slip in each column fact, in [0, 1) (module docstring); 0: exact.
+        rng: draws the slips (required when ``slip_rate > 0``).
 
     Returns:
         :class:`Solution` whose ``thinking`` is the work (one step per line) ending with
-        ``So <expression> = <answer>.`` and whose ``answer`` is the exact integer value.
+        ``So <expression> = <answer>.``, whose ``answer`` is the value the work reaches (the exact value when its
+        ``slips`` is 0).
 
     Raises:
         TeacherError: the expression uses anything but integers, ``+``, ``-``, ``*`` (see
-            :func:`tokenize_expression`).
+            :func:`tokenize_expression`); ``slip_rate`` outside [0, 1) or without ``rng``.
     """
+    slips = _make_slips(slip_rate, rng)
+    with _slipping(slips):
+        solution = _solve(expression)
+    return Solution(solution.thinking, solution.answer, slips.count if slips else 0)
+
+
+def check_slip_rate(slip_rate: Any) -> None:
+    """The one rule for a slip rate: a number in [0, 1).
+
+    Raises:
+        TeacherError: anything else (names the value).
+    """
+    if isinstance(slip_rate, bool) or not isinstance(slip_rate, (int, float)) or not 0 <= slip_rate < 1:
+        raise TeacherError(f"slip_rate must be a number in [0, 1), got {slip_rate!r}")
+
+
+def _make_slips(slip_rate: float, rng: random.Random | None) -> _Slips | None:
+    check_slip_rate(slip_rate)
+    if slip_rate == 0:
+        return None
+    if not isinstance(rng, random.Random):
+        raise TeacherError(f"slip_rate={slip_rate} needs rng (a random.Random), got {rng!r}")
+    return _Slips(float(slip_rate), rng)
+
+
+def _solve(expression: str) -> Solution:
+    """:func:`solve_expression` under the current slips."""
     tokens = tokenize_expression(expression)
     shown = " ".join(str(t) for t in tokens) if len(tokens) == 1 else _render(tokens)
     lines: list[str] = []
@@ -388,13 +464,17 @@ def solve_expression(expression: str) -> Solution:
     return Solution(thinking="\n".join(kept), answer=value)
 
 
-def teacher_response(entry: Mapping[str, Any], *, dataset=None) -> str:
+def teacher_response(
+    entry: Mapping[str, Any], *, dataset=None, slip_rate: float = 0.0, rng: random.Random | None = None
+) -> str:
     """The verified worked response for one reasoning-gym entry.
 
     Args:
         entry: a reasoning-gym entry (``question``, ``answer``, ``metadata`` with ``expression``).
         dataset: the reasoning-gym dataset that produced ``entry``; if given, its
             ``score_answer`` must also accept the teacher's answer.
+        slip_rate, rng: a flawed teacher (:func:`solve_expression`): the exact solution is checked as below, then
+            the response is written again with slips drawn from ``rng`` (module docstring).
 
     Returns:
         ``"<think>\\n...work...\\n</think>\\nThe answer is \\boxed{N}."``.
@@ -405,15 +485,18 @@ def teacher_response(entry: Mapping[str, Any], *, dataset=None) -> str:
 
     Raises:
         TeacherError: the entry is not a dict, has no ``metadata["expression"]`` or an unsupported one (``sums_code``:
-            no list of expressions).
+            no list of expressions); a bad ``slip_rate`` or ``rng``.
         TeacherMismatch: the computed answer differs from ``entry["answer"]`` (``sums_code``: the question, metadata
             or ground truth disagree with the computed sums); never emitted.
     """
     if not isinstance(entry, Mapping):
         raise TeacherError(f"expected a reasoning-gym entry (a dict with question, answer, metadata), got {entry!r}")
     metadata = entry.get("metadata") or {}
+    if not isinstance(metadata, Mapping):
+        raise TeacherError(f"reasoning-gym entry: metadata must be a dict, got {metadata!r}")
+    _make_slips(slip_rate, rng)  # bad settings fail before any work
     if metadata.get("source_dataset") == SUMS_CODE:
-        return _sums_code_response(entry, dataset)
+        return _sums_code_response(entry, dataset, slip_rate, rng)
     expression = metadata.get("expression")
     if not isinstance(expression, str):
         source = metadata.get("source_dataset", "?")
@@ -434,10 +517,12 @@ def teacher_response(entry: Mapping[str, Any], *, dataset=None) -> str:
             raise TeacherMismatch(
                 f"reasoning-gym scores the teacher's answer {solution.answer} as {score} for {entry.get('question')!r}"
             )
+    if slip_rate:
+        solution = solve_expression(expression, slip_rate=slip_rate, rng=rng)
     return solution.response()
 
 
-def _sums_code_response(entry: Mapping[str, Any], dataset) -> str:
+def _sums_code_response(entry: Mapping[str, Any], dataset, slip_rate: float, rng: random.Random | None) -> str:
     """The worked response to a ``sums_code`` entry (:func:`teacher_response`), after checking that its
     question, ``metadata`` and ground truth describe the same sums."""
     import json
@@ -467,6 +552,9 @@ def _sums_code_response(entry: Mapping[str, Any], dataset) -> str:
         )
     if dataset is not None and dataset.score_answer(json.dumps(sums), entry) != 1.0:
         raise TeacherMismatch(f"{where}: reasoning-gym scores the teacher's sums {sums} as wrong")
+    if slip_rate:
+        solutions = [solve_expression(e, slip_rate=slip_rate, rng=rng) for e in expressions]
+        sums = [s.answer for s in solutions]
     thinking = "\n".join(s.thinking for s in solutions)
     program = f"def {SUMS_CODE_FN}(i):\n    return [{', '.join(map(str, sums))}][i]"
     return f"{THINK_OPEN}\n{thinking}\n{THINK_CLOSE}\n```python\n{program}\n```"
