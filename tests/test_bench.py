@@ -207,3 +207,65 @@ def test_soft_and_hard_rewards_reach_a_multi_test_bench_model_through_the_cli(ti
         rows = [json.loads(x) for x in (tiny_bench / "exp" / arm / "seed0" / "metrics.jsonl").read_text().splitlines()]
         rewards = [r["reward"] for r in rows if "reward" in r]
         assert rewards and all(allowed(r) for r in rewards), (arm, rewards)
+
+
+def test_the_sft_bench_recipe_evaluates_on_the_build_held_out_problems():
+    """`sft_bench_arith` starts from `bench:arith` and measures it on the problems its build measured (never in any
+    SFT data of the build or of this recipe)."""
+    from klear.sft.data import make_teacher_sft_dataset
+
+    config = yaml.safe_load(find_config("sft_bench_arith").read_text())
+    spec = bench.BENCH_MODELS["arith"]
+    assert config["model"] == "bench:arith" and config["data"]["tasks"] == [dict(t) for t in spec.tasks]
+    train, heldout = make_teacher_sft_dataset(
+        config["data"]["tasks"],
+        train_size=8,
+        heldout_size=config["data"]["heldout_size"],
+        seed=config["seed"],
+        data_source=config["data"]["data_source"],
+    )
+    assert heldout["prompt"] == bench.heldout_problems(spec)["prompt"]
+    assert not {m[-1]["content"] for m in train["prompt"]} & {m[-1]["content"] for m in heldout["prompt"]}
+
+
+@pytest.mark.parametrize(
+    "name", ["bench_sft_filter_easy", "bench_sft_filter_hard", "bench_sft_filter_hard_scarce", "bench_sft_sources"]
+)
+def test_shipped_sft_bench_experiments_plan_valid_runs(name):
+    from klear.experiment import load_experiment, plan_runs
+    from klear.sft.job import validate_sft_config
+
+    exp = load_experiment(name)
+    assert exp.stage == "sft" and exp.base["model"] == "bench:arith"
+    runs = plan_runs(exp, exp.seeds, exp.output_dir)
+    assert len(runs) == len(exp.arms) * len(exp.seeds) >= 10
+    for config in runs.values():
+        validate_sft_config(config, name)
+
+
+def test_sft_experiment_with_a_flawed_teacher_on_a_bench_model_through_the_cli(tiny_bench):
+    """`klear experiment` with `stage: sft` on `bench:tiny`: the shipped Table 2 arms, shrunk; the mixed arm trains on
+    the teacher's wrong solutions, the correct-only arm on none, and the report compares them with the seed as the
+    unit."""
+    from klear.experiment import EXPERIMENT_DIR as bench_experiments
+
+    base = yaml.safe_load(find_config("sft_bench_arith").read_text())
+    base["model"] = "bench:tiny"
+    base["data"].update(tasks=[dict(t) for t in TINY.tasks], train_size=48, heldout_size=8, teacher_slip_rate=0.3)
+    base["eval"].update(max_new_tokens=TINY.max_new_tokens, n_samples=1)
+    base["trainer"].update(max_steps=2, warmup_steps=1, per_device_train_batch_size=8)
+    (tiny_bench / "base.yaml").write_text(yaml.safe_dump(base))
+    shipped = yaml.safe_load(find_config("bench_sft_filter_easy", bench_experiments).read_text())
+    exp = dict(shipped, base="base.yaml", seeds=[0, 1], output_dir=str(tiny_bench / "exp"))
+    (tiny_bench / "exp.yaml").write_text(yaml.safe_dump(exp))
+    assert klear_main(["experiment", "--config", str(tiny_bench / "exp.yaml")]) == 0
+
+    def wrong(run):
+        rows = [json.loads(x) for x in (tiny_bench / "exp" / run / "sft_data.jsonl").read_text().splitlines()]
+        return len(rows), sum(f"\\boxed{{{r['ground_truth']}}}" not in r["completion"][-1]["content"] for r in rows)
+
+    n_mixed, wrong_mixed = wrong("mixed/seed0")
+    n_correct, wrong_correct = wrong("correct_only/seed0")
+    assert wrong_mixed > 0 and wrong_correct == 0 and n_correct == n_mixed - wrong_mixed == 48 - wrong_mixed
+    summary = json.loads((tiny_bench / "exp" / "summary.json").read_text())
+    assert "mde" in summary["arms"]["correct_only"]["seeds_vs_reference"]
