@@ -1,4 +1,4 @@
-# Quick start:  make demo   (install into .venv, run GPPO on the embedded model, ~11 min on 2 CPU cores)
+# Quick start:  make demo   (install into .venv, run GPPO on the embedded model, ~4-5 min on 2 idle CPU cores)
 #               make test   (install into .venv, run the test suite, 5-13 min on 2 CPU cores by load)
 PYTHON ?= python3
 VENV := .venv
