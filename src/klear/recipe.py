@@ -287,6 +287,12 @@ class RLDataSection(_Section):
             )
 
 
+def is_slip_rate(value: Any) -> bool:
+    """The one rule for a flawed teacher's slip rate (``data.teacher_slip_rate``, :mod:`klear.sft.teacher`): a number
+    in [0, 1)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < 1
+
+
 @dataclasses.dataclass
 class SFTDataSection(_Section):
     """``klear sft``'s ``data``: the SFT examples and the held-out problems."""
@@ -346,7 +352,7 @@ class SFTDataSection(_Section):
             list(self.teacher_slip_rate) if isinstance(self.teacher_slip_rate, list) else [self.teacher_slip_rate]
         )
         for i, rate in enumerate(rates):
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+            if not is_slip_rate(rate):
                 where = f"data.teacher_slip_rate[{i}]" if listed else "data.teacher_slip_rate"
                 raise ValueError(
                     f"{source}: {where}={rate!r} must be a number in [0, 1) (data.teacher_slip_rate: one rate, or a "

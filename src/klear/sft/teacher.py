@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klear.data.procedural import SUMS_CODE, SUMS_CODE_FN, sums_code_ground_truth
+from klear.recipe import is_slip_rate
 
 __all__ = [
     "TeacherError",
@@ -399,12 +400,12 @@ def solve_expression(expression: str, *, slip_rate: float = 0.0, rng: random.Ran
 
 
 def check_slip_rate(slip_rate: Any) -> None:
-    """The one rule for a slip rate: a number in [0, 1).
+    """A slip rate by the one rule (:func:`klear.recipe.is_slip_rate`: a number in [0, 1)).
 
     Raises:
         TeacherError: anything else (names the value).
     """
-    if isinstance(slip_rate, bool) or not isinstance(slip_rate, (int, float)) or not 0 <= slip_rate < 1:
+    if not is_slip_rate(slip_rate):
         raise TeacherError(f"slip_rate must be a number in [0, 1), got {slip_rate!r}")
 
 
