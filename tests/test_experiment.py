@@ -7,6 +7,7 @@ import json
 import math
 import os
 import statistics
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -233,6 +234,151 @@ def test_a_run_s_own_process_raises_its_error_here_and_a_silent_death_names_the_
     monkeypatch.setattr("klear.experiment._child_run", os._exit)  # the child dies (a TypeError), nothing reported
     with pytest.raises(RuntimeError, match=r"^exp.yaml: gppo/seed0: died: its process exited with code 1 without"):
         _run_in_child("rl", {}, "exp.yaml: gppo/seed0", False, [], bar)
+
+
+class _RecordRun(TrainerCallback):
+    """Writes ``<dir>/<run>.json``: the training process's id and thread count (pickled into a run's own process);
+    raises at the start of the run whose directory ends in ``fail``. With ``meet``: a rendezvous, each run waits at
+    its start until ``meet`` runs have started (so it fails when the runs go one after the other)."""
+
+    def __init__(self, directory: str, fail: str | None = None, meet: int = 0):
+        self.directory, self.fail, self.meet = Path(directory), fail, meet
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.fail and args.output_dir.endswith(f"{self.fail}/checkpoints"):
+            raise ValueError(f"planted failure in {self.fail}")
+        run = "_".join(args.output_dir.rsplit("/", 3)[-3:-1])
+        record = {"pid": os.getpid(), "threads": torch.get_num_threads()}
+        (self.directory / f"{run}.json").write_text(json.dumps(record))
+        deadline = time.monotonic() + 60
+        while len(list(self.directory.glob("*.json"))) < self.meet:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{run}: the other runs did not start while this one ran")
+            time.sleep(0.1)
+
+
+class _Linger(TrainerCallback):
+    """At the end of training starts a non-daemon child process that sleeps, so the run's process, which joins its
+    children before it exits, stays alive after reporting its result (as a stray worker pool did)."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        import multiprocessing
+
+        multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,), daemon=False).start()
+
+
+def test_jobs_2_runs_side_by_side_each_with_its_share_of_the_threads(tmp_path, tiny_ckpt, monkeypatch, capsys):
+    """Issue 24 item 3: ``--jobs 2`` runs two CPU runs at once, each in its own process with T // 2 threads (T = this
+    process's 10 here, so 5, not the machine's default); both finish, the report says so, and a run's error stops
+    the grid and is raised here. ``jobs`` > 1 with a GPU run is refused before any run starts."""
+    import klear.experiment as experiment
+    from klear.cli import main
+
+    exp = _experiment(tmp_path, tiny_ckpt)
+    exp.arms = {"gppo": {}}
+    exp.base["trainer"]["max_steps"] = 1
+    exp.base["trainer"]["save_steps"] = 10
+    spec = yaml.safe_load((tmp_path / "tiny.yaml").read_text())
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**spec, "arms": {"gppo": {}}}))
+    threads = torch.get_num_threads()
+    records = tmp_path / "records"
+    records.mkdir()
+    try:
+        torch.set_num_threads(10)
+        report = run_experiment(exp, jobs=2, callbacks=[_RecordRun(str(records), meet=2)])
+    finally:
+        torch.set_num_threads(threads)
+    runs = [json.loads((records / f"gppo_seed{k}.json").read_text()) for k in (0, 1)]
+    assert {r["threads"] for r in runs} == {5}
+    assert len({r["pid"] for r in runs} | {os.getpid()}) == 3  # each in its own process (the rendezvous: at once)
+    assert "Runs ran up to 2 at a time" in report.read_text()
+    assert json.loads((tmp_path / "exp/plan.json").read_text())["jobs"] == {"gppo/seed0": 2, "gppo/seed1": 2}
+
+    with pytest.raises(ValueError, match=r"tiny.yaml: gppo/seed1: planted failure in gppo/seed1$") as failed:
+        run_experiment(exp, jobs=2, output_dir=tmp_path / "exp2", callbacks=[_RecordRun(str(tmp_path), "gppo/seed1")])
+    assert "on_train_begin" in str(failed.value.__cause__)  # the run process's traceback
+    assert not (tmp_path / "exp2/gppo/seed1/eval.json").exists()
+
+    # one run to do: it runs alone, in this process with all its threads, and the report says nothing
+    report = run_experiment(exp, jobs=2, seeds=[0], output_dir=tmp_path / "exp5")
+    assert json.loads((tmp_path / "exp5/plan.json").read_text())["jobs"] == {"gppo/seed0": 1}
+    assert "at a time" not in report.read_text()
+
+    # a file's jobs on GPU runs: one at a time, said (--jobs: refused); a run whose process lingers is stopped
+    monkeypatch.setattr(experiment, "run_in_own_process", lambda config: True)
+    monkeypatch.setattr(experiment, "EXIT_GRACE_S", 1.0)
+    exp.jobs = 2
+    report = run_experiment(exp, seeds=[0], output_dir=tmp_path / "exp4", callbacks=[_Linger()])
+    assert (tmp_path / "exp4/gppo/seed0/eval.json").is_file() and report.is_file()
+    out = capsys.readouterr().out
+    assert "tiny.yaml: jobs: 2 is for CPU runs; these use the GPU, so they run one at a time" in out
+    assert "gppo/seed0: its process was alive 1 s after the run ended; stopped" in out
+    with pytest.raises(ValueError, match=r"tiny.yaml: jobs=2 runs CPU runs side by side, but gppo/seed0 would use"):
+        run_experiment(exp, jobs=2, output_dir=tmp_path / "exp3")
+    assert not (tmp_path / "exp3").exists()
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**spec, "jobs": 0}))
+    with pytest.raises(ValueError, match=r"bad.yaml: jobs must be a positive integer \(runs side by side\), got 0"):
+        load_experiment(tmp_path / "bad.yaml")
+    for bad in ("0", "1_0", "２"):
+        with pytest.raises(SystemExit):
+            main(["experiment", "--config", str(tmp_path / "tiny.yaml"), "--jobs", bad])
+
+
+def _waiting_job(config, *, source, resume, callbacks) -> None:
+    """A stand-in stage runner: writes its process id, then trains "forever"."""
+    Path(config["pid_file"]).write_text(str(os.getpid()))
+    time.sleep(120)
+
+
+def _watched_run(pid_file: str) -> None:
+    """A stand-in for a run's process: klear.experiment's child entry point with a stage that waits."""
+    import queue
+
+    import klear.experiment as experiment
+
+    experiment.STAGES["wait"] = (__name__, "", "_waiting_job")
+    ticks, result = queue.Queue(), queue.Queue()
+    experiment._child_run("wait", {"pid_file": pid_file}, "exp.yaml: run", False, [], None, ticks, result)
+
+
+def _experiment_process(pid_file: str) -> None:
+    """A stand-in for `klear experiment`: starts one run process and waits for it."""
+    import multiprocessing
+
+    run = multiprocessing.get_context("spawn").Process(target=_watched_run, args=(pid_file,))
+    run.start()
+    run.join()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def test_a_run_process_ends_when_the_experiment_process_is_killed(tmp_path):
+    """A killed (SIGKILL, SIGTERM, SIGHUP) `klear experiment` must not leave its runs training as orphans that write
+    into run directories a `--resume` then takes over: each run's process ends with its parent."""
+    import multiprocessing
+    import signal
+
+    pid_file = tmp_path / "pid"
+    parent = multiprocessing.get_context("spawn").Process(target=_experiment_process, args=(str(pid_file),))
+    parent.start()
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    run_pid = int(pid_file.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.join()
+    deadline = time.monotonic() + 30
+    while not _gone(run_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = not _gone(run_pid)
+    if alive:
+        os.kill(run_pid, signal.SIGKILL)
+    assert not alive, "the run's process outlived the experiment's"
 
 
 def test_keep_models_keeps_final_and_checkpoints(tmp_path, tiny_ckpt):
@@ -536,3 +682,33 @@ def test_experiment_help_names_every_shipped_cpu_experiment(capsys):
     text = " ".join(capsys.readouterr().out.split())
     names = sorted(p.stem for p in EXPERIMENT_DIR.glob("*.yaml") if not p.stem.endswith("_gpu"))
     assert names and f"(configs/experiments: {', '.join(names)}, *_gpu)" in text
+
+
+def test_the_embedded_check_trains_on_one_rollout_batch_and_holds_out_disjoint_products(tmp_path):
+    """Issue 24 item 7: `embedded_gppo_vs_clip_higher` as its description says: one rollout batch is the whole
+    training set (32 prompts x 8 samples, 16 optimizer steps of 2 groups), and the 96 held-out problems share no
+    question with it, though together they take 96 of the 100 unsigned one-digit products."""
+    import re
+
+    from klear.data.rl_data import make_train_and_heldout
+
+    exp = load_experiment("embedded_gppo_vs_clip_higher")
+    config = plan_runs(exp, [0], tmp_path)["gppo/seed0"]
+    data, trainer = config["data"], config["trainer"]
+    samples = trainer["per_device_train_batch_size"] * trainer["steps_per_generation"]
+    assert (samples // trainer["num_generations"], trainer["steps_per_generation"]) == (data["train_size"], 16)
+    assert trainer["max_steps"] == trainer["steps_per_generation"]  # one rollout batch
+    train, heldout = make_train_and_heldout(
+        data["tasks"], data["train_size"], data["heldout_size"], config["seed"], system_prompt=data["system_prompt"]
+    )
+
+    def products(rows):
+        found = [re.search(r"multiplication: (-?\d) \* (-?\d)\.", row[-1]["content"]) for row in rows["prompt"]]
+        assert all(found), "every prompt is a one-digit product"
+        return [(int(m[1]), int(m[2])) for m in found]
+
+    train_q, heldout_q = products(train), products(heldout)
+    assert (len(train_q), len(heldout_q)) == (32, 96)
+    assert not set(train_q) & set(heldout_q) and len(set(train_q)) == 32 and len(set(heldout_q)) == 96
+    unsigned = [q for q in train_q + heldout_q if min(q) >= 0]
+    assert 96 <= len(unsigned) <= 100  # the unsigned task's 24 + 72 (the signed task's draws may add a few)

@@ -712,3 +712,23 @@ def test_a_judge_timeout_is_not_retried_and_stays_wrong(monkeypatch, sleeps):
     _failing_waits(monkeypatch, pool, fail=1, status="timeout")
     res = math_score_detailed(boxed("0.5"), r"\frac{1}{2}")
     assert (res.score, res.reason) == (-1.0, "timeout") and sleeps == []
+
+
+def _use_the_math_pool() -> None:
+    """A spawned child's work: one task on the math scorer's worker pool, then return (the process must exit)."""
+    assert get_math_pool().run(abs, (-1,), timeout_s=30).value == 1
+
+
+def test_a_multiprocessing_child_that_used_the_pool_exits():
+    """atexit never runs in a multiprocessing child, which joins its non-daemon children (pebble's workers) before
+    exiting: without the pool's exit hook it waited for them forever (klear experiment's run processes hung)."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=_use_the_math_pool)
+    child.start()
+    child.join(timeout=60)
+    alive = child.is_alive()
+    child.kill()
+    child.join()
+    assert not alive, "the child never exited: the reward pool's workers kept it waiting"
+    assert child.exitcode == 0

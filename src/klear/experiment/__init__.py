@@ -17,6 +17,7 @@ An experiment file (YAML, see ``configs/experiments/``)::
     output_dir: runs/experiments/gppo_vs_baselines
     keep_models: false            # default: a finished run's final/ and checkpoints/ are removed
     stage: rl                     # default; ``sft``: the base is a klear sft recipe and every run a klear sft run
+    jobs: 1                       # default; CPU runs side by side (--jobs overrides; see Processes below)
 
 Each arm x seed is a normal ``klear rl`` (``klear sft``) run directory ``<output_dir>/<arm>/seed<k>``. The seed sets
 ``trainer.seed`` only (initialisation of the sampler, shuffling, dropout): the recipe's top-level ``seed``,
@@ -36,7 +37,20 @@ vLLM engine and the CUDA caching allocator give their GPU memory back only when 
 run in the same process would fail vLLM's free-memory check (``gpu_memory_utilization`` of the whole device
 must be free when its engine starts). The child gets the run's recipe and ``callbacks`` (which must then be
 picklable) and reports its progress and its error to this process; starting it costs a few seconds (Python,
-torch and the libraries imported again), nothing next to a GPU run, so CPU runs stay in this process.
+torch and the libraries imported again), nothing next to a GPU run, so with ``jobs: 1`` CPU runs stay in this
+process.
+
+``jobs: N`` (N > 1, CPU runs only; ``--jobs N``) runs up to N runs side by side (never more than there are runs
+to do), each in its own child process with ``torch.set_num_threads(max(1, T // N))`` for this process's T
+threads: on a small CPU one run may not keep its cores busy (Python and TRL's per-step work is serial, and a
+small model's matmuls scale poorly), so two 1-thread runs on 2 cores can finish a grid sooner than one 2-thread
+run after another (measured in ``docs/experiments.md``: yes for the bench's tiny models, no for the embedded
+135M model). Memory: N runs' worth at once. Each run's wall time (the report's "train min") is then its time
+beside the others. The first error stops the other runs and is raised, naming its run; a child ends when this
+process ends (killed too). A file's ``jobs`` on runs that use the GPU falls back to 1 (said); ``--jobs`` > 1
+there is an error. Callbacks must be picklable and importable in a fresh process (not defined in a notebook or
+``python -c``), and a script that calls :func:`run_experiment` with ``jobs`` > 1 needs the usual
+``if __name__ == "__main__":`` guard of the spawn start method.
 
 Re-running: a finished run (its ``eval.json`` exists) is skipped. An unfinished run (killed) is an error
 unless ``resume=True`` (``--resume``): then a run with a checkpoint continues from its latest one
@@ -70,6 +84,7 @@ _TOP_KEYS = {
     "output_dir",
     "keep_models",
     "stage",
+    "jobs",
 }
 #: The stages an experiment can run: ``stage`` -> (module, its recipe validator, its job runner).
 STAGES = {"rl": ("klear.rl.job", "build_rl_recipe", "run_rl"), "sft": ("klear.sft.job", "build_sft_recipe", "run_sft")}
@@ -96,7 +111,7 @@ class Experiment:
         ``overrides`` applied). arms: ``{arm: {dotted key: value}}`` in file order. reference: the reference arm.
         seeds: default seeds. output_dir: where the runs and the report go. keep_models: keep each finished
         run's ``final/`` and ``checkpoints/`` (default False: removed, see the module docstring). stage: ``rl`` or
-        ``sft`` (:data:`STAGES`).
+        ``sft`` (:data:`STAGES`). jobs: runs side by side (:func:`check_jobs`).
     """
 
     name: str
@@ -109,6 +124,7 @@ class Experiment:
     output_dir: Path
     keep_models: bool = False
     stage: str = "rl"
+    jobs: int = 1
 
 
 def _stage_function(stage: str, which: int):
@@ -180,6 +196,17 @@ def parse_seeds(text: str) -> list[int]:
     return _seeds(seeds, "--seeds")
 
 
+def check_jobs(value: Any, where: str) -> int:
+    """``jobs`` (runs side by side, module docstring) as an int.
+
+    Raises:
+        ValueError: not a positive integer (the message starts with ``where``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where} must be a positive integer (runs side by side), got {value!r}")
+    return value
+
+
 def load_experiment(name_or_path: str | Path) -> Experiment:
     """Read an experiment file (module docstring) and its base recipe.
 
@@ -187,7 +214,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         FileNotFoundError: the file or its base recipe does not exist.
         ValueError: not YAML, an unknown top-level key, no arms, an arm name that is not a plain name, an
             unknown ``reference``, bad ``seeds``, overrides that are not mappings, a ``keep_models`` that is not
-            a boolean, an unknown ``stage`` (each names the file and key).
+            a boolean, an unknown ``stage``, a ``jobs`` that is not a positive integer (each names the file and key).
     """
     path = find_experiment(name_or_path)
     try:
@@ -226,6 +253,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     keep_models = spec.get("keep_models", False)
     if not isinstance(keep_models, bool):
         raise ValueError(f"{path}: keep_models must be true or false, got {keep_models!r}")
+    jobs = check_jobs(spec.get("jobs", 1), f"{path}: jobs")
     return Experiment(
         name=name,
         description=str(spec.get("description") or "").strip(),
@@ -237,6 +265,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         output_dir=Path(spec.get("output_dir") or f"runs/experiments/{name}"),
         keep_models=keep_models,
         stage=stage,
+        jobs=jobs,
     )
 
 
@@ -336,11 +365,35 @@ class _QueueBar:
 _CHILD_ERRORS = {e.__name__: e for e in (ValueError, FileNotFoundError, RuntimeError, KeyboardInterrupt)}
 
 
-def _child_run(stage, config, source, resume, callbacks, ticks, result) -> None:
-    """A child process's run (:func:`_run_in_child`): the stage's job runner, then ``None`` or
-    ``(type, message, traceback)`` on ``result``."""
-    run_job = _stage_function(stage, 2)
+def _exit_with_parent() -> None:
+    """In a child process: end it as soon as its parent process ends (killed, SIGTERM, SIGHUP), so no run trains
+    on as an orphan writing into a run directory that a ``--resume`` may take over."""
+    import multiprocessing
+    import os
+    import threading
+
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # waits on the parent's sentinel: returns when the parent has ended
+        os._exit(1)
+
+    threading.Thread(target=watch, name="klear-exit-with-parent", daemon=True).start()
+
+
+def _child_run(stage, config, source, resume, callbacks, threads, ticks, result) -> None:
+    """A child process's run (:class:`_Child`): ``torch.set_num_threads(threads)`` unless ``threads`` is None, the
+    stage's job runner, then ``None`` or ``(type, message, traceback)`` on ``result``. The child ends with its
+    parent (:func:`_exit_with_parent`)."""
+    _exit_with_parent()
     try:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        run_job = _stage_function(stage, 2)
         run_job(config, source=source, resume=resume, callbacks=[_progress_callback(_QueueBar(ticks)), *callbacks])
     except BaseException as e:  # every error goes to the parent, which raises it
         result.put((type(e).__name__, str(e), traceback.format_exc()))
@@ -348,49 +401,137 @@ def _child_run(stage, config, source, resume, callbacks, ticks, result) -> None:
     result.put(None)
 
 
+class RunProcessTraceback(Exception):
+    """The traceback (text) of an error in a run's own process: the cause of the error raised for it here."""
+
+
+_NO_RESULT = object()
+EXIT_GRACE_S = 30.0  # a child still alive this long after reporting its result is stopped (it has nothing left to do)
+
+
+class _Child:
+    """The ``stage``'s run (``run_rl`` / ``run_sft``) of ``source`` in a fresh (spawned) process, started at once."""
+
+    def __init__(self, stage: str, config: dict[str, Any], source: str, resume: bool, callbacks: list, threads=None):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA state
+        self.source = source
+        self.ticks, self.result = ctx.Queue(), ctx.Queue()
+        args = (stage, config, source, resume, callbacks, threads, self.ticks, self.result)
+        self.proc = ctx.Process(target=_child_run, args=args, daemon=False)
+        self.proc.start()
+        self.outcome: Any = _NO_RESULT
+        self.reported_at = 0.0
+
+    def forward_ticks(self, bar, timeout: float = 0.0) -> None:
+        """Move the child's optimizer-step ticks to ``bar`` (waiting up to ``timeout`` s for the first)."""
+        try:
+            bar.update(self.ticks.get(timeout=timeout) if timeout else self.ticks.get_nowait())
+            while True:
+                bar.update(self.ticks.get_nowait())
+        except queue.Empty:
+            pass
+
+    def done(self) -> bool:
+        """Whether the child has ended, or reported its result more than :data:`EXIT_GRACE_S` ago."""
+        import time
+
+        if self.outcome is _NO_RESULT:
+            try:
+                self.outcome, self.reported_at = self.result.get_nowait(), time.monotonic()
+            except queue.Empty:
+                pass
+        if not self.proc.is_alive():
+            return True
+        return self.outcome is not _NO_RESULT and time.monotonic() - self.reported_at > EXIT_GRACE_S
+
+    def finish(self, bar) -> None:
+        """Wait for the child to end (stopping one that reported its result but does not exit), flush its ticks to
+        ``bar``, and raise its error here.
+
+        Raises:
+            ValueError, FileNotFoundError, RuntimeError, KeyboardInterrupt: the child's, with its message; any other
+                error of the child (or a child that died without reporting, e.g. killed) as a ``RuntimeError``
+                naming the run's ``source``.
+        """
+        if self.outcome is not _NO_RESULT and self.proc.is_alive():
+            print(f"{self.source}: its process was alive {EXIT_GRACE_S:.0f} s after the run ended; stopped", flush=True)
+            self.stop()
+        self.proc.join()
+        self.forward_ticks(bar)  # ticks sent after the last poll
+        outcome = self.outcome
+        if outcome is _NO_RESULT:
+            try:
+                outcome = self.result.get(timeout=5)
+            except queue.Empty:
+                outcome = (
+                    "died",
+                    f"its process exited with code {self.proc.exitcode} without a result (its output above says why)",
+                    "",
+                )
+        if outcome is None:
+            return
+        name, message, child_traceback = outcome
+        error = _CHILD_ERRORS.get(name)
+        if error is not None:
+            if message.startswith(self.source):  # klear's own one-line errors name the run already
+                raise error(message)
+            # others (a callback's, torch's): the run, and the child's traceback as the cause
+            raise error(f"{self.source}: {message}") from RunProcessTraceback(child_traceback.rstrip())
+        raise RuntimeError(f"{self.source}: {name}: {message} (in the run's own process)\n{child_traceback}".rstrip())
+
+    def stop(self) -> None:
+        """End the child now (another run failed, or Ctrl-C here)."""
+        self.proc.terminate()
+        self.proc.join()
+
+
 def _run_in_child(stage: str, config: dict[str, Any], source: str, resume: bool, callbacks: list, bar) -> None:
-    """The ``stage``'s run (``run_rl`` / ``run_sft``) in a fresh (spawned) process, its optimizer steps ticking
-    ``bar``; raises its error here.
+    """The ``stage``'s run in a fresh (spawned) process, its optimizer steps ticking ``bar``; raises its error here
+    (:meth:`_Child.finish`)."""
+    child = _Child(stage, config, source, resume, callbacks)
+    try:
+        while not child.done():
+            child.forward_ticks(bar, timeout=0.5)
+    except BaseException:  # e.g. Ctrl-C here: stop the child too
+        child.stop()
+        raise
+    child.finish(bar)
+
+
+def _run_side_by_side(stage: str, todo: list, jobs: int, source_of, callbacks: list, bar, on_done) -> None:
+    """Every ``(run, config, resume)`` of ``todo`` in its own process, up to ``jobs`` at a time (callers pass at most
+    ``len(todo)``), each with ``max(1, T // jobs)`` threads (module docstring); ``on_done(run)`` after each finished
+    run.
 
     Raises:
-        ValueError, FileNotFoundError, RuntimeError, KeyboardInterrupt: the child's, with its message; any other
-            error of the child (or a child that died without reporting, e.g. killed) as a ``RuntimeError``
-            naming ``source``.
+        the first failed run's error (:meth:`_Child.finish`); the other runs are stopped first.
     """
-    import multiprocessing
+    import time
 
-    ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA state
-    ticks, result = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_child_run, args=(stage, config, source, resume, callbacks, ticks, result), daemon=False)
-    proc.start()
+    import torch
+
+    threads = max(1, torch.get_num_threads() // jobs)
+    pending, running = list(todo), dict[str, _Child]()
     try:
-        while True:
-            try:
-                bar.update(ticks.get(timeout=0.5))
-            except queue.Empty:
-                if not proc.is_alive():
-                    break
-        proc.join()
-        while True:  # ticks flushed after the last poll
-            try:
-                bar.update(ticks.get_nowait())
-            except queue.Empty:
-                break
-        try:
-            outcome = result.get(timeout=5)
-        except queue.Empty:
-            outcome = ("died", f"its process exited with code {proc.exitcode} without a result", "")
-    except BaseException:  # e.g. Ctrl-C here: stop the child too
-        proc.terminate()
-        proc.join()
+        while pending or running:
+            while pending and len(running) < jobs:
+                run, config, resume_run = pending.pop(0)
+                running[run] = _Child(stage, config, source_of(run), resume_run, callbacks, threads)
+                bar.set_postfix_str(", ".join(running))
+            time.sleep(0.2)
+            for run, child in list(running.items()):
+                child.forward_ticks(bar)
+                if child.done():
+                    del running[run]
+                    child.finish(bar)
+                    on_done(run)
+                    bar.set_postfix_str(", ".join(running))
+    except BaseException:
+        for child in running.values():
+            child.stop()
         raise
-    if outcome is None:
-        return
-    name, message, child_traceback = outcome
-    error = _CHILD_ERRORS.get(name)
-    if error is not None:
-        raise error(message)
-    raise RuntimeError(f"{source}: {name}: {message} (in the run's own process)\n{child_traceback}".rstrip())
 
 
 def run_experiment(
@@ -400,6 +541,7 @@ def run_experiment(
     resume: bool = False,
     output_dir: str | Path | None = None,
     callbacks: list | None = None,
+    jobs: int | None = None,
 ) -> Path:
     """Run every arm x seed of ``exp`` (skipping finished runs), then write the report.
 
@@ -409,14 +551,16 @@ def run_experiment(
         resume: continue unfinished (killed) runs (module docstring); without it an unfinished run is an error.
         output_dir: where the runs and report go (default ``exp.output_dir``).
         callbacks: extra ``TrainerCallback`` objects given to every run (picklable when a run has its own process,
-            :func:`run_in_own_process`).
+            :func:`run_in_own_process`, or ``jobs`` > 1).
+        jobs: runs side by side (default ``exp.jobs``; module docstring).
 
     Returns:
         The path of ``report.md``.
 
     Raises:
-        ValueError: an invalid run recipe (before any run starts), an unfinished run without ``resume``, a run
-            whose recipe changed since it started, or a report error (:func:`klear.experiment.report.write_report`).
+        ValueError: an invalid run recipe (before any run starts), ``jobs`` > 1 with runs that use a GPU, an
+            unfinished run without ``resume``, a run whose recipe changed since it started, or a report error
+            (:func:`klear.experiment.report.write_report`).
     """
     from tqdm.auto import tqdm
 
@@ -426,7 +570,18 @@ def run_experiment(
 
     out = Path(output_dir or exp.output_dir)
     seeds = list(seeds or exp.seeds)
+    asked = jobs is not None
+    jobs = check_jobs(jobs if asked else exp.jobs, "jobs")
     runs = plan_runs(exp, seeds, out)
+    gpu = [run for run, config in runs.items() if run_in_own_process(config)]
+    if jobs > 1 and gpu:
+        if asked:
+            raise ValueError(
+                f"{exp.source}: jobs={jobs} runs CPU runs side by side, but {gpu[0]} would use the GPU "
+                "(one GPU run at a time: use jobs 1, or trainer.use_cpu: true)"
+            )
+        print(f"{exp.source}: jobs: {jobs} is for CPU runs; these use the GPU, so they run one at a time", flush=True)
+        jobs = 1
     plan = _check_plan(out, runs)
     todo, done_steps = [], 0
     for run, config in runs.items():
@@ -446,20 +601,37 @@ def run_experiment(
                 resume_run, done_steps = True, done_steps + step
         todo.append((run, config, resume_run))
     out.mkdir(parents=True, exist_ok=True)
-    plan.update(experiment=exp.name, source=str(exp.source), reference=exp.reference, arms=list(exp.arms), seeds=seeds)
+    plan.update(experiment=exp.name, source=str(exp.source), reference=exp.reference, arms=list(exp.arms))
+    plan["seeds"] = seeds
+    jobs = min(jobs, max(1, len(todo)))  # runs at a time: never more than there are runs to do
+    recorded: dict = plan["jobs"] if isinstance(plan.get("jobs"), dict) else {}  # per run, as it last ran
+    side_by_side = plan["jobs"] = {**recorded, **{run: jobs for run, _, _ in todo}}
     (out / PLAN_FILE).write_text(json.dumps(plan, indent=1))
     total = sum(c["trainer"]["max_steps"] for c in runs.values())
+
+    def source_of(run: str) -> str:
+        return f"{exp.source}: {run}"
+
+    def drop_models(run: str) -> None:
+        if not exp.keep_models:
+            for name in MODEL_DIRS:
+                shutil.rmtree(out / run / name, ignore_errors=True)
+
     with tqdm(total=total, initial=done_steps, desc=f"experiment {exp.name}", unit="step", dynamic_ncols=True) as bar:
+        if jobs > 1:
+            _run_side_by_side(exp.stage, todo, jobs, source_of, list(callbacks or []), bar, drop_models)
+            todo = []
         for run, config, resume_run in todo:
             bar.set_postfix_str(run)
-            source = f"{exp.source}: {run}"
             if run_in_own_process(config):
-                _run_in_child(exp.stage, config, source, resume_run, list(callbacks or []), bar)
+                _run_in_child(exp.stage, config, source_of(run), resume_run, list(callbacks or []), bar)
             else:
                 run_job(
-                    config, source=source, resume=resume_run, callbacks=[_progress_callback(bar), *(callbacks or [])]
+                    config,
+                    source=source_of(run),
+                    resume=resume_run,
+                    callbacks=[_progress_callback(bar), *(callbacks or [])],
                 )
-            if not exp.keep_models:
-                for name in MODEL_DIRS:
-                    shutil.rmtree(out / run / name, ignore_errors=True)
-    return write_report(out, exp, {run: out / run for run in runs}, seeds)
+            drop_models(run)
+    run_jobs = {run: n if isinstance(n, int) and n >= 1 else 1 for run in runs for n in [side_by_side.get(run, 1)]}
+    return write_report(out, exp, {run: out / run for run in runs}, seeds, jobs=run_jobs)

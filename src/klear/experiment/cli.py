@@ -1,4 +1,5 @@
-"""``klear experiment --config <file> [--seeds 0,1,2] [--resume] [--output DIR]`` (:mod:`klear.experiment`)."""
+"""``klear experiment --config <file> [--seeds 0,1,2] [--resume] [--output DIR] [--jobs N]``
+(:mod:`klear.experiment`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ def _run(ns) -> int:
 
     exp = load_experiment(ns.config)
     seeds = parse_seeds(ns.seeds) if ns.seeds else None
-    run_experiment(exp, seeds=seeds, resume=ns.resume, output_dir=ns.output)
+    run_experiment(exp, seeds=seeds, resume=ns.resume, output_dir=ns.output, jobs=ns.jobs)
     return 0
+
+
+def _jobs(text: str) -> int:
+    import argparse
+    import re
+
+    value = int(text) if re.fullmatch(r"[0-9]+", text.strip()) else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
 
 
 def add_parser(subparsers) -> None:
@@ -34,4 +45,12 @@ def add_parser(subparsers) -> None:
         "--resume", action="store_true", help="continue unfinished (killed) runs from their latest checkpoint"
     )
     p.add_argument("--output", default=None, metavar="DIR", help="experiment directory (default: the file's)")
+    p.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=None,
+        metavar="N",
+        help="CPU runs side by side, each in its own process with 1/N of the threads (default: the file's jobs, "
+        "else 1); memory: N runs' worth",
+    )
     p.set_defaults(func=_run)

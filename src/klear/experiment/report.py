@@ -300,6 +300,19 @@ def _shown_path(path: Path) -> str:
         return str(path)
 
 
+def _side_by_side(jobs: dict[str, int]) -> str:
+    """The report's sentence on runs that ran side by side (``klear experiment --jobs``), or ``""`` if none did."""
+    shared = {run: n for run, n in jobs.items() if n > 1}
+    if not shared:
+        return ""
+    which = "Runs" if len(shared) == len(jobs) else f"{len(shared)} of the {len(jobs)} runs"
+    counts = "/".join(map(str, sorted(set(shared.values()))))
+    return (
+        f' {which} ran up to {counts} at a time (`jobs`), each with that share of the threads: their "train min" '
+        "is a run's time beside the others."
+    )
+
+
 def format_report(exp, summary: dict[str, Any]) -> str:
     """``report.md``'s text for a :func:`summarize` result."""
     arms, ref = summary["arms"], summary["reference"]
@@ -309,7 +322,8 @@ def format_report(exp, summary: dict[str, Any]) -> str:
         lines += [exp.description, ""]
     lines += [
         f"Experiment file `{_shown_path(exp.source)}`; seeds {summary['seeds']} (`trainer.seed`); "
-        f"{summary['n_problems']} held-out problems, the same for every run; reference arm `{ref}`.",
+        f"{summary['n_problems']} held-out problems, the same for every run; reference arm `{ref}`."
+        + _side_by_side(summary.get("jobs", {})),
         "",
         "Intervals: 95% Student-t across seeds. The comparison that decides is the one with the seed as the unit "
         "(next table). The per-problem columns below are a within-run check: per-problem correctness averaged over "
@@ -403,14 +417,19 @@ def format_report(exp, summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_report(out: Path, exp, run_dirs: dict[str, Path], seeds: list[int]) -> Path:
+def write_report(
+    out: Path, exp, run_dirs: dict[str, Path], seeds: list[int], jobs: dict[str, int] | None = None
+) -> Path:
     """Write ``report.md``, ``summary.json`` and the plots into ``out``; print where. Returns ``report.md``'s path.
+    ``jobs``: per run, how many runs ran side by side when it ran (default 1; said in the report: it sets what
+    "train min" means).
 
     Raises:
         ValueError: as :func:`summarize`.
     """
     out = Path(out)
     summary = summarize(exp, run_dirs, seeds)
+    summary["jobs"] = {run: (jobs or {}).get(run, 1) for run in run_dirs}
     for stats in summary["arms"].values():
         stats.pop("per_problem")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -56,6 +56,7 @@ import atexit
 import concurrent.futures
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import threading
 import time
@@ -219,6 +220,19 @@ def _shutdown_all() -> None:  # pragma: no cover - exercised at interpreter exit
             pass
 
 
+_EXIT_HOOK_PID: int | None = None
+
+
+def _shutdown_at_process_exit() -> None:
+    """Shut the pools down when this process ends, also as a multiprocessing child: there atexit handlers never
+    run, and the child joins its non-daemon children (pebble's workers) before exiting, so without this it
+    never exits. A ``multiprocessing.util.Finalize`` with an exit priority runs before that join."""
+    global _EXIT_HOOK_PID
+    if _EXIT_HOOK_PID != os.getpid():
+        multiprocessing.util.Finalize(None, _shutdown_all, exitpriority=100)
+        _EXIT_HOOK_PID = os.getpid()
+
+
 def _reset_after_fork() -> None:  # pragma: no cover - runs in forked children
     # A forked child inherits the parent's pool object but none of its threads, and a
     # lock that another parent thread held at fork time would stay locked forever.
@@ -336,6 +350,7 @@ class TimedProcessPool:
                     pass
                 pool = None
             if pool is None:
+                _shutdown_at_process_exit()
                 pool = self._new_pool()
                 self._pool = pool
                 self._pool_pid = os.getpid()
