@@ -71,7 +71,7 @@ def _parity_scorer(data_sources, solution_strs, ground_truths, extra_infos):
     return [float(sum(map(ord, s)) % 2) for s in solution_strs]
 
 
-def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
+def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch, capsys):
     # non-zero, run-dependent numbers: a reward that differs within a group (training moves the weights) and a
     # held-out judge by the sampled text, so the accuracies change with training and the seed
     monkeypatch.setattr("klear.rl.reward_fn.make_klear_reward", lambda **kwargs: varied_reward)
@@ -92,7 +92,9 @@ def test_grid_kill_resume_and_report(tmp_path, tiny_ckpt, monkeypatch):
     with pytest.raises(KeyboardInterrupt, match="simulated kill at step 1 of clip/seed1"):
         run_experiment(exp, resume=True, callbacks=[_Kill("clip/seed1", 1)])
     assert (out / "clip/seed0/eval.json").is_file() and not list((out / "clip/seed1").glob("checkpoints/checkpoint-*"))
-    report = run_experiment(exp, resume=True)  # clip/seed1 restarts from scratch
+    capsys.readouterr()
+    report = run_experiment(exp, resume=True)  # clip/seed1 restarts from scratch, and says so
+    assert "clip/seed1: no complete checkpoint to resume from; starting it again" in capsys.readouterr().out
 
     for run in ("gppo/seed0", "gppo/seed1", "clip/seed0", "clip/seed1"):
         metrics_steps = [s for s in _steps(out / run / "metrics.jsonl")]
@@ -712,3 +714,18 @@ def test_the_embedded_check_trains_on_one_rollout_batch_and_holds_out_disjoint_p
     assert not set(train_q) & set(heldout_q) and len(set(train_q)) == 32 and len(set(heldout_q)) == 96
     unsigned = [q for q in train_q + heldout_q if min(q) >= 0]
     assert 96 <= len(unsigned) <= 100  # the unsigned task's 24 + 72 (the signed task's draws may add a few)
+
+
+def test_an_interrupted_experiment_says_how_to_continue(monkeypatch, capsys):
+    """Ctrl-C during `klear experiment`: one line saying finished runs are kept and the --resume command (was a raw
+    KeyboardInterrupt traceback), exit code 130."""
+    from klear.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("klear.experiment.run_experiment", interrupted)
+    assert main(["experiment", "--config", "bench_alpha"]) == 130
+    out = capsys.readouterr().out
+    assert "klear experiment: interrupted; finished runs are kept: continue the others with " in out
+    assert out.rstrip().endswith("klear experiment --config bench_alpha --resume")

@@ -595,8 +595,9 @@ def run_experiment(
             if not resume:
                 raise ValueError(f"{run_dir}: an unfinished run (killed?); pass --resume to continue it, or remove it")
             step = _last_checkpoint_step(run_dir)
-            if step is None:
-                shutil.rmtree(run_dir)  # killed before its first checkpoint: start it again
+            if step is None:  # killed before its first checkpoint (or it saves none): start it again
+                print(f"{run_dir}: no complete checkpoint to resume from; starting it again", flush=True)
+                shutil.rmtree(run_dir)
             else:
                 resume_run, done_steps = True, done_steps + step
         todo.append((run, config, resume_run))

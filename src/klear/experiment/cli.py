@@ -9,7 +9,15 @@ def _run(ns) -> int:
 
     exp = load_experiment(ns.config)
     seeds = parse_seeds(ns.seeds) if ns.seeds else None
-    run_experiment(exp, seeds=seeds, resume=ns.resume, output_dir=ns.output, jobs=ns.jobs)
+    try:
+        run_experiment(exp, seeds=seeds, resume=ns.resume, output_dir=ns.output, jobs=ns.jobs)
+    except KeyboardInterrupt:
+        print(
+            f"\nklear experiment: interrupted; finished runs are kept: continue the others with "
+            f"klear experiment --config {ns.config} --resume",
+            flush=True,
+        )
+        return 130
     return 0
 
 
