@@ -729,3 +729,9 @@ def test_an_interrupted_experiment_says_how_to_continue(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "klear experiment: interrupted; finished runs are kept: continue the others with " in out
     assert out.rstrip().endswith("klear experiment --config bench_alpha --resume")
+    assert main(["experiment", "--config", "bench_alpha", "--seeds", "0,1", "--output", "runs/a"]) == 130
+    assert (
+        capsys.readouterr()
+        .out.rstrip()
+        .endswith("klear experiment --config bench_alpha --seeds 0,1 --output runs/a --resume")
+    )

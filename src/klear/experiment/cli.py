@@ -12,11 +12,9 @@ def _run(ns) -> int:
     try:
         run_experiment(exp, seeds=seeds, resume=ns.resume, output_dir=ns.output, jobs=ns.jobs)
     except KeyboardInterrupt:
-        print(
-            f"\nklear experiment: interrupted; finished runs are kept: continue the others with "
-            f"klear experiment --config {ns.config} --resume",
-            flush=True,
-        )
+        again = f"klear experiment --config {ns.config}"
+        again += "".join(f" --{key} {value}" for key, value in (("seeds", ns.seeds), ("output", ns.output)) if value)
+        print(f"\nklear experiment: interrupted; finished runs are kept: continue the others with {again} --resume")
         return 130
     return 0
 
