@@ -94,6 +94,33 @@ def test_grouped_prefill_generate_takes_the_decode_loop_on_cpu(model_tok):
     assert len(calls) == 3
 
 
+def test_rows_not_in_groups_take_the_decode_loop_each_its_own_group(model_tok):
+    """One sample per prompt (the held-out evaluation's avg@1) or rows that are not groups of identical prompts: the
+    loop decodes them with each row its own group (greedy: ``generate``'s tokens), not ``generate``."""
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=2)
+    mixed = [0, 2, 1, 3, 4, 5]  # rows 0-1 and 2-3 are not groups of 2 identical prompts
+    config = _greedy_config(tok, tok.eos_token_id)
+    calls = []
+
+    def generate(**kw):
+        calls.append(kw)
+        return model.generate(**kw)
+
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids[mixed], attention_mask=mask[mixed], generation_config=config)
+    for group_size in (1, 2):
+        out = grouped_prefill_generate(
+            model, generate, ids[mixed], mask[mixed], group_size=group_size, generation_config=config
+        )
+        assert torch.equal(out, ref)
+    assert calls == []
+    grouped_prefill_generate(
+        model, generate, ids[mixed], mask[mixed], group_size=1, generation_config=config, fast_decode=False
+    )
+    assert len(calls) == 1
+
+
 def _chi_square_p(counts, probs):
     expected = probs * counts.sum()
     keep = expected > 0

@@ -145,6 +145,18 @@ def test_generate_real_tiny_model(tiny):
         generate(model, tok, prompts, max_new_tokens=0)
 
 
+def test_sampled_generate_decodes_with_klears_loop_on_cpu(tiny, monkeypatch):
+    """The held-out evaluation's sampled path (one sample per problem, as ``klear rl``'s avg@1) decodes with klear's
+    CPU loop (klear.generation.decode), not ``model.generate``; with ``group_size`` too."""
+    model, tok = tiny
+    monkeypatch.setattr(model, "generate", lambda **kw: pytest.fail("model.generate was called"))
+    prompts = _prompts()[:3]
+    out = generate(model, tok, prompts, max_new_tokens=3, batch_size=2, do_sample=True, show_progress=False)
+    assert len(out) == 3 and all(isinstance(o, str) for o in out)
+    grouped = [p for p in prompts for _ in range(2)]
+    assert len(generate(model, tok, grouped, max_new_tokens=3, batch_size=2, do_sample=True, group_size=2)) == 6
+
+
 def test_evaluate_with_stub_scorer(tiny):
     model, tok = tiny
     rows = [

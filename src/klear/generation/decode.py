@@ -187,7 +187,7 @@ def _plan(model, input_ids, generation_config, kwargs):
         or _forward_wrapped(model)
     ):
         return None  # float32 weights only (under bf16 / autocast the attention's inputs come in mixed dtypes)
-    config = model.config
+    config = getattr(model, "config", None)  # None: not a transformers model
     if (
         getattr(config, "model_type", None) not in _MODEL_TYPES
         or getattr(config, "is_encoder_decoder", False)

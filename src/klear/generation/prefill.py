@@ -11,7 +11,8 @@ sampling itself (temperature, stop tokens, logits processors, RNG) stays transfo
 
 On a CPU with one process, the decoding after the prefill is klear's own loop
 (:func:`klear.generation.decode.grouped_decode`: several times faster there, same distribution, another RNG
-stream); elsewhere ``generate`` decodes.
+stream), also for rows that are not in groups (each row its own prompt, e.g. one sample per held-out problem);
+elsewhere ``generate`` decodes.
 
 The sampled distribution is unchanged; only the floating-point rounding of the prompt's keys and
 values can differ (they are computed in a batch of distinct prompts instead of all rows). The
@@ -56,44 +57,45 @@ def grouped_prefill_generate(
             hang. None: this process decides alone (one process, or parameters whole on every process).
         fast_decode: on a CPU, with one process (``agree`` None), decode with
             :func:`klear.generation.decode.grouped_decode` when it supports the model and ``generation_config`` (same
-            distribution, fewer copies, finished rows leave the batch, cheaper sampling; a different RNG stream).
-            False: always ``generate``.
+            distribution, fewer copies, finished rows leave the batch, cheaper sampling; a different RNG stream),
+            rows not in groups of ``G`` identical prompts included (each its own group). False: always
+            ``generate``.
 
     Returns:
         What ``generate`` returns (``(N, L + new)`` token ids).
 
-    Falls back to a plain ``generate`` call when the rows are not in groups of ``G`` identical prompts, when
-    extra model inputs (images, token types) or a cache are given, or when ``generation_config`` asks for a
-    cache implementation of its own (e.g. a static cache).
+    Without the fast loop, falls back to a plain ``generate`` call when the rows are not in groups of ``G``
+    identical prompts. Always ``generate`` when extra model inputs (images, token types, logits processors) or a
+    cache are given, or when ``generation_config`` asks for a cache implementation of its own (e.g. a static cache).
     """
     import torch
     from transformers import DynamicCache
 
     n, length = input_ids.shape
-    plain = (
-        group_size < 2
-        or n % group_size
-        or length < 2
-        or kwargs
-        or (generation_config is not None and getattr(generation_config, "cache_implementation", None))
-    )
+    special = length < 2 or kwargs or getattr(generation_config, "cache_implementation", None)
+    plain = group_size < 2 or n % group_size or special
     if not plain:
         ids = input_ids.view(n // group_size, group_size, length)
         mask = attention_mask.view(n // group_size, group_size, length)
         plain = not (bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all()))
     if agree is not None:
         plain = not agree(not plain)
+    if fast_decode and agree is None and not special:
+        from klear.generation.decode import decode_supported, grouped_decode
+
+        # rows not in groups (e.g. one sample per held-out problem) still gain the loop's own savings
+        if decode_supported(model, input_ids, generation_config):
+            return grouped_decode(
+                model,
+                input_ids,
+                attention_mask,
+                group_size=1 if plain else group_size,
+                generation_config=generation_config,
+            )
     if plain:
         return generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
         )
-    if fast_decode and agree is None:
-        from klear.generation.decode import decode_supported, grouped_decode
-
-        if decode_supported(model, input_ids, generation_config):
-            return grouped_decode(
-                model, input_ids, attention_mask, group_size=group_size, generation_config=generation_config
-            )
     uniq_ids, uniq_mask = ids[:, 0], mask[:, 0]
     # the positions generate uses for left-padded prompts (cumsum of the mask, 1 on padding)
     position_ids = (uniq_mask.long().cumsum(-1) - 1).masked_fill(uniq_mask == 0, 1)
