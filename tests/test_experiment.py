@@ -295,11 +295,19 @@ def test_jobs_2_runs_side_by_side_each_with_its_share_of_the_threads(tmp_path, t
     assert len({r["pid"] for r in runs} | {os.getpid()}) == 3  # each in its own process (the rendezvous: at once)
     assert "Runs ran up to 2 at a time" in report.read_text()
     assert json.loads((tmp_path / "exp/plan.json").read_text())["jobs"] == {"gppo/seed0": 2, "gppo/seed1": 2}
+    # each run's console output in its own log, and one line here per finished run
+    out = capsys.readouterr().out
+    for k in (0, 1):
+        log = tmp_path / f"exp/gppo/seed{k}.log"
+        assert "held-out" in log.read_text() and f"gppo/seed{k}: finished; its output: {log}" in out
 
     with pytest.raises(ValueError, match=r"tiny.yaml: gppo/seed1: planted failure in gppo/seed1$") as failed:
         run_experiment(exp, jobs=2, output_dir=tmp_path / "exp2", callbacks=[_RecordRun(str(tmp_path), "gppo/seed1")])
     assert "on_train_begin" in str(failed.value.__cause__)  # the run process's traceback
     assert not (tmp_path / "exp2/gppo/seed1/eval.json").exists()
+    log = tmp_path / "exp2/gppo/seed1.log"
+    assert f"gppo/seed1: failed; its output: {log}" in capsys.readouterr().out
+    assert "planted failure in gppo/seed1" in log.read_text()  # the traceback, in the log
 
     # one run to do: it runs alone, in this process with all its threads, and the report says nothing
     report = run_experiment(exp, jobs=2, seeds=[0], output_dir=tmp_path / "exp5")

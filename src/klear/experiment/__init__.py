@@ -48,9 +48,12 @@ run after another (measured in ``docs/experiments.md``: yes for the bench's tiny
 135M model). Memory: N runs' worth at once. Each run's wall time (the report's "train min") is then its time
 beside the others. The first error stops the other runs and is raised, naming its run; a child ends when this
 process ends (killed too). A file's ``jobs`` on runs that use the GPU falls back to 1 (said); ``--jobs`` > 1
-there is an error. Callbacks must be picklable and importable in a fresh process (not defined in a notebook or
-``python -c``), and a script that calls :func:`run_experiment` with ``jobs`` > 1 needs the usual
-``if __name__ == "__main__":`` guard of the spawn start method.
+there is an error. Side by side, each run's console output (its progress bars, per-step metrics and result
+lines) goes to ``<output_dir>/<arm>/seed<k>.log`` (beside its run directory) instead of interleaving on this
+console, which shows the grid's bar and one line per finished run naming its log. Callbacks must be picklable
+and importable in a fresh process (not defined in a notebook or ``python -c``), and a script that calls
+:func:`run_experiment` with ``jobs`` > 1 needs the usual ``if __name__ == "__main__":`` guard of the spawn start
+method.
 
 Re-running: a finished run (its ``eval.json`` exists) is skipped. An unfinished run (killed) is an error
 unless ``resume=True`` (``--resume``): then a run with a checkpoint continues from its latest one
@@ -383,11 +386,22 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="klear-exit-with-parent", daemon=True).start()
 
 
-def _child_run(stage, config, source, resume, callbacks, threads, ticks, result) -> None:
+def _child_run(stage, config, source, resume, callbacks, threads, ticks, result, log=None) -> None:
     """A child process's run (:class:`_Child`): ``torch.set_num_threads(threads)`` unless ``threads`` is None, the
     stage's job runner, then ``None`` or ``(type, message, traceback)`` on ``result``. The child ends with its
-    parent (:func:`_exit_with_parent`)."""
+    parent (:func:`_exit_with_parent`). ``log``: a file that gets the process's stdout and stderr (appended)."""
     _exit_with_parent()
+    if log is not None:
+        import os
+        import sys
+
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for stream, target in ((sys.stdout, 1), (sys.stderr, 2)):
+            stream.flush()
+            os.dup2(fd, target)  # the file descriptors: C-level output and subprocesses' output go there too
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        os.close(fd)
     try:
         if threads is not None:
             import torch
@@ -396,6 +410,8 @@ def _child_run(stage, config, source, resume, callbacks, threads, ticks, result)
         run_job = _stage_function(stage, 2)
         run_job(config, source=source, resume=resume, callbacks=[_progress_callback(_QueueBar(ticks)), *callbacks])
     except BaseException as e:  # every error goes to the parent, which raises it
+        if log is not None:
+            traceback.print_exc()  # the log tells the whole story
         result.put((type(e).__name__, str(e), traceback.format_exc()))
         raise SystemExit(1) from None
     result.put(None)
@@ -412,13 +428,22 @@ EXIT_GRACE_S = 30.0  # a child still alive this long after reporting its result 
 class _Child:
     """The ``stage``'s run (``run_rl`` / ``run_sft``) of ``source`` in a fresh (spawned) process, started at once."""
 
-    def __init__(self, stage: str, config: dict[str, Any], source: str, resume: bool, callbacks: list, threads=None):
+    def __init__(
+        self,
+        stage: str,
+        config: dict[str, Any],
+        source: str,
+        resume: bool,
+        callbacks: list,
+        threads=None,
+        log: Path | None = None,
+    ):
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA state
-        self.source = source
+        self.source, self.log = source, log
         self.ticks, self.result = ctx.Queue(), ctx.Queue()
-        args = (stage, config, source, resume, callbacks, threads, self.ticks, self.result)
+        args = (stage, config, source, resume, callbacks, threads, self.ticks, self.result, log)
         self.proc = ctx.Process(target=_child_run, args=args, daemon=False)
         self.proc.start()
         self.outcome: Any = _NO_RESULT
@@ -465,14 +490,17 @@ class _Child:
             try:
                 outcome = self.result.get(timeout=5)
             except queue.Empty:
+                where = "above" if self.log is None else f"in {self.log}"
                 outcome = (
                     "died",
-                    f"its process exited with code {self.proc.exitcode} without a result (its output above says why)",
+                    f"its process exited with code {self.proc.exitcode} without a result (its output {where} says why)",
                     "",
                 )
         if outcome is None:
             return
         name, message, child_traceback = outcome
+        if self.log is not None and name != "died":
+            print(f"{self.source}: failed; its output: {self.log}", flush=True)
         error = _CHILD_ERRORS.get(name)
         if error is not None:
             if message.startswith(self.source):  # klear's own one-line errors name the run already
@@ -500,10 +528,12 @@ def _run_in_child(stage: str, config: dict[str, Any], source: str, resume: bool,
     child.finish(bar)
 
 
-def _run_side_by_side(stage: str, todo: list, jobs: int, source_of, callbacks: list, bar, on_done) -> None:
+def _run_side_by_side(
+    stage: str, todo: list, jobs: int, source_of, callbacks: list, bar, on_done, log_of=lambda run: None
+) -> None:
     """Every ``(run, config, resume)`` of ``todo`` in its own process, up to ``jobs`` at a time (callers pass at most
-    ``len(todo)``), each with ``max(1, T // jobs)`` threads (module docstring); ``on_done(run)`` after each finished
-    run.
+    ``len(todo)``), each with ``max(1, T // jobs)`` threads (module docstring) and its output in ``log_of(run)``
+    (None: this console); ``on_done(run)`` after each finished run.
 
     Raises:
         the first failed run's error (:meth:`_Child.finish`); the other runs are stopped first.
@@ -518,7 +548,7 @@ def _run_side_by_side(stage: str, todo: list, jobs: int, source_of, callbacks: l
         while pending or running:
             while pending and len(running) < jobs:
                 run, config, resume_run = pending.pop(0)
-                running[run] = _Child(stage, config, source_of(run), resume_run, callbacks, threads)
+                running[run] = _Child(stage, config, source_of(run), resume_run, callbacks, threads, log_of(run))
                 bar.set_postfix_str(", ".join(running))
             time.sleep(0.2)
             for run, child in list(running.items()):
@@ -618,9 +648,16 @@ def run_experiment(
             for name in MODEL_DIRS:
                 shutil.rmtree(out / run / name, ignore_errors=True)
 
+    def log_of(run: str) -> Path:
+        return out / f"{run}.log"
+
+    def finished(run: str) -> None:
+        drop_models(run)
+        bar.write(f"{run}: finished; its output: {log_of(run)}")
+
     with tqdm(total=total, initial=done_steps, desc=f"experiment {exp.name}", unit="step", dynamic_ncols=True) as bar:
         if jobs > 1:
-            _run_side_by_side(exp.stage, todo, jobs, source_of, list(callbacks or []), bar, drop_models)
+            _run_side_by_side(exp.stage, todo, jobs, source_of, list(callbacks or []), bar, finished, log_of)
             todo = []
         for run, config, resume_run in todo:
             bar.set_postfix_str(run)
