@@ -192,6 +192,26 @@ def test_the_area_under_the_heldout_curve_is_paired_by_seed(report):
     assert any(line.startswith("| clip | curve area | 3 |") for line in text.splitlines())
 
 
+def test_no_curve_area_without_an_evaluation_between_start_and_end(tmp_path):
+    """Runs evaluated only before and after training: the area of two points is (START + final) / 2, the final
+    difference halved, so the report gives no curve-area endpoint and says why."""
+    from klear.experiment.report import curve_area
+
+    exp = _write_runs(tmp_path)
+    for run in (tmp_path / "exp").glob("*/seed*"):
+        curve = [json.loads(line) for line in (run / "heldout_curve.jsonl").read_text().splitlines()]
+        assert curve_area(curve) is not None
+        write_jsonl(run / "heldout_curve.jsonl", [curve[0], curve[-1]])
+        assert curve_area([curve[0], curve[-1]]) is None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("klear.rl.job.run_rl", lambda *a, **k: pytest.fail("a finished run was trained again"))
+        text = run_experiment(exp).read_text()
+    summary = json.loads((tmp_path / "exp" / "summary.json").read_text())
+    assert "curve_area_seeds_vs_reference" not in summary["arms"]["clip"]
+    assert "| clip | final | 3 |" in text and "| curve area |" not in text
+    assert "Endpoint: final held-out accuracy (no curve area: no run was evaluated between its start" in text
+
+
 def test_curve_training_time_and_metrics(report):
     summary, _ = report
     for arm in ("gppo", "clip"):

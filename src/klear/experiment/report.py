@@ -99,8 +99,10 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
 
 def curve_area(curve: list[dict[str, Any]]) -> float | None:
     """The area under a run's held-out curve (trapezoids over its steps) divided by the steps it spans: the mean
-    held-out accuracy over training, the sample-efficiency endpoint. ``None`` for fewer than 2 points."""
-    if len(curve) < 2 or curve[-1]["step"] == curve[0]["step"]:
+    held-out accuracy over training, the sample-efficiency endpoint. ``None`` without an evaluation between the
+    first and the last (fewer than 3 points): the area of two points is their mean, and with the start shared by
+    every run it only restates the final accuracy, halved."""
+    if len(curve) < 3 or curve[-1]["step"] == curve[0]["step"]:
         return None
     area = sum(
         (b["step"] - a["step"]) * (a["accuracy"] + b["accuracy"]) / 2 for a, b in zip(curve, curve[1:], strict=False)
@@ -356,9 +358,14 @@ def format_report(exp, summary: dict[str, Any]) -> str:
         "",
         "## The seed as the unit (arm minus reference, paired by seed)",
         "",
-        "Endpoints: final held-out accuracy; curve area, the area under the held-out curve over the steps it spans "
-        "(the mean accuracy over training: sample efficiency). "
-        "MDE: the smallest difference these seeds detect at 95% confidence and 80% power, from the observed SD of "
+        (
+            "Endpoints: final held-out accuracy; curve area, the area under the held-out curve over the steps it spans "
+            "(the mean accuracy over training: sample efficiency). "
+            if any(area is not None for s in arms.values() for area in s["curve_area_per_seed"].values())
+            else "Endpoint: final held-out accuracy (no curve area: no run was evaluated between its start and its "
+            "end, and the area of those two points only restates the final accuracy). "
+        )
+        + "MDE: the smallest difference these seeds detect at 95% confidence and 80% power, from the observed SD of "
         "the paired differences; seeds needed: for a difference of 0.02 / 0.05. P(improve): the probability that "
         "a run of the arm beats a run of the reference (Agarwal et al., 2021), with a 95% bootstrap interval.",
         "",
