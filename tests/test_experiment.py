@@ -334,6 +334,21 @@ def test_jobs_2_runs_side_by_side_each_with_its_share_of_the_threads(tmp_path, t
             main(["experiment", "--config", str(tmp_path / "tiny.yaml"), "--jobs", bad])
 
 
+def test_a_run_whose_log_cannot_be_written_reports_why(tmp_path):
+    """A side-by-side run's process whose log cannot be opened reports that error to the experiment (raised there,
+    naming the run) instead of dying with it on a console nobody reads."""
+    import queue
+
+    import klear.experiment as experiment
+
+    (tmp_path / "arm").write_text("a file where the arm's folder should be")
+    ticks, result = queue.Queue(), queue.Queue()
+    with pytest.raises(SystemExit):
+        experiment._child_run("rl", {}, "exp.yaml: arm/seed0", False, [], None, ticks, result, tmp_path / "arm/s0.log")
+    name, message, _ = result.get_nowait()
+    assert name in ("FileExistsError", "NotADirectoryError") and "arm" in message
+
+
 def _waiting_job(config, *, source, resume, callbacks) -> None:
     """A stand-in stage runner: writes its process id, then trains "forever"."""
     Path(config["pid_file"]).write_text(str(os.getpid()))

@@ -50,8 +50,8 @@ beside the others. The first error stops the other runs and is raised, naming it
 process ends (killed too). A file's ``jobs`` on runs that use the GPU falls back to 1 (said); ``--jobs`` > 1
 there is an error. Side by side, each run's console output (its progress bars, per-step metrics and result
 lines) goes to ``<output_dir>/<arm>/seed<k>.log`` (beside its run directory) instead of interleaving on this
-console, which shows the grid's bar and one line per finished run naming its log. Callbacks must be picklable
-and importable in a fresh process (not defined in a notebook or ``python -c``), and a script that calls
+console, which shows the grid's bar and one line per finished (or failed) run naming its log. Callbacks must be
+picklable and importable in a fresh process (not defined in a notebook or ``python -c``), and a script that calls
 :func:`run_experiment` with ``jobs`` > 1 needs the usual ``if __name__ == "__main__":`` guard of the spawn start
 method.
 
@@ -391,18 +391,9 @@ def _child_run(stage, config, source, resume, callbacks, threads, ticks, result,
     stage's job runner, then ``None`` or ``(type, message, traceback)`` on ``result``. The child ends with its
     parent (:func:`_exit_with_parent`). ``log``: a file that gets the process's stdout and stderr (appended)."""
     _exit_with_parent()
-    if log is not None:
-        import os
-        import sys
-
-        Path(log).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        for stream, target in ((sys.stdout, 1), (sys.stderr, 2)):
-            stream.flush()
-            os.dup2(fd, target)  # the file descriptors: C-level output and subprocesses' output go there too
-            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-        os.close(fd)
     try:
+        if log is not None:
+            _output_to(log)
         if threads is not None:
             import torch
 
@@ -415,6 +406,21 @@ def _child_run(stage, config, source, resume, callbacks, threads, ticks, result,
         result.put((type(e).__name__, str(e), traceback.format_exc()))
         raise SystemExit(1) from None
     result.put(None)
+
+
+def _output_to(log) -> None:
+    """This process's stdout and stderr, the file descriptors too (C-level output, subprocesses), appended to
+    ``log`` (its folder made)."""
+    import os
+    import sys
+
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream, target in ((sys.stdout, 1), (sys.stderr, 2)):
+        stream.flush()
+        os.dup2(fd, target)
+        stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    os.close(fd)
 
 
 class RunProcessTraceback(Exception):
@@ -490,7 +496,7 @@ class _Child:
             try:
                 outcome = self.result.get(timeout=5)
             except queue.Empty:
-                where = "above" if self.log is None else f"in {self.log}"
+                where = f"in {self.log}" if self._has_log() else "above"
                 outcome = (
                     "died",
                     f"its process exited with code {self.proc.exitcode} without a result (its output {where} says why)",
@@ -499,7 +505,7 @@ class _Child:
         if outcome is None:
             return
         name, message, child_traceback = outcome
-        if self.log is not None and name != "died":
+        if self._has_log() and name != "died":
             print(f"{self.source}: failed; its output: {self.log}", flush=True)
         error = _CHILD_ERRORS.get(name)
         if error is not None:
@@ -508,6 +514,9 @@ class _Child:
             # others (a callback's, torch's): the run, and the child's traceback as the cause
             raise error(f"{self.source}: {message}") from RunProcessTraceback(child_traceback.rstrip())
         raise RuntimeError(f"{self.source}: {name}: {message} (in the run's own process)\n{child_traceback}".rstrip())
+
+    def _has_log(self) -> bool:
+        return self.log is not None and Path(self.log).is_file()
 
     def stop(self) -> None:
         """End the child now (another run failed, or Ctrl-C here)."""
