@@ -191,15 +191,16 @@ def generate(
     group_size: int = 1,
     show_progress: bool = True,
 ) -> list[str]:
-    """Generate one completion per chat prompt: greedy (:func:`greedy_generate`) or sampled (``model.generate``).
+    """Generate one completion per chat prompt: greedy (:func:`greedy_generate`) or sampled
+    (:func:`klear.generation.hf.generate_token_ids`).
 
     Each prompt (a list of ``{"role", "content"}`` messages, or a plain string treated as one
-    user message) is rendered with the tokenizer's chat template
-    (``add_generation_prompt=True``), batched with LEFT padding, and generated with
-    ``model.generate`` under ``torch.no_grad()`` in eval mode. Prompts are batched in order of
-    length (less padding) and the results are returned in the input order. Only the new
-    tokens are decoded, with ``skip_special_tokens=True``. Greedy decoding (the default) is
-    :func:`greedy_generate`.
+    user message) is rendered with the tokenizer's chat template (``add_generation_prompt=True``),
+    batched with LEFT padding, and sampled under ``torch.no_grad()`` in eval mode (on a CPU in
+    float32 by klear's decode loop, :mod:`klear.generation.decode`; else ``model.generate``).
+    Prompts are batched in order of length (less padding) and the results are returned in the
+    input order. Only the new tokens are decoded, with ``skip_special_tokens=True``. Greedy
+    decoding (the default) is :func:`greedy_generate`.
 
     Args:
         model: a causal LM (``transformers`` ``PreTrainedModel``).

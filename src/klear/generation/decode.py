@@ -1,4 +1,5 @@
-"""A CPU decode loop for grouped rollouts: preallocated KV buffers, finished rows leave the batch, cheap sampling.
+"""A CPU decode loop for grouped rollouts and held-out evaluations (rows not in groups too): preallocated KV
+buffers, finished rows leave the batch, cheap sampling.
 
 On a CPU, transformers' ``generate`` at the demo's rollout batch (128 rows, SmolLM2-135M, float32) spends most of a
 decode step outside the model's matrix products (profile in :mod:`benchmarks.rollout`, ``--mode hf-decode``):
