@@ -408,13 +408,13 @@ def _child_run(stage, config, source, resume, callbacks, threads, ticks, result,
     result.put(None)
 
 
-def _output_to(log) -> None:
+def _output_to(log: Path) -> None:
     """This process's stdout and stderr, the file descriptors too (C-level output, subprocesses), appended to
     ``log`` (its folder made)."""
     import os
     import sys
 
-    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     for stream, target in ((sys.stdout, 1), (sys.stderr, 2)):
         stream.flush()
@@ -537,12 +537,10 @@ def _run_in_child(stage: str, config: dict[str, Any], source: str, resume: bool,
     child.finish(bar)
 
 
-def _run_side_by_side(
-    stage: str, todo: list, jobs: int, source_of, callbacks: list, bar, on_done, log_of=lambda run: None
-) -> None:
+def _run_side_by_side(stage: str, todo: list, jobs: int, source_of, callbacks: list, bar, on_done, log_of) -> None:
     """Every ``(run, config, resume)`` of ``todo`` in its own process, up to ``jobs`` at a time (callers pass at most
-    ``len(todo)``), each with ``max(1, T // jobs)`` threads (module docstring) and its output in ``log_of(run)``
-    (None: this console); ``on_done(run)`` after each finished run.
+    ``len(todo)``), each with ``max(1, T // jobs)`` threads (module docstring) and its output in the file
+    ``log_of(run)``; ``on_done(run)`` after each finished run.
 
     Raises:
         the first failed run's error (:meth:`_Child.finish`); the other runs are stopped first.
