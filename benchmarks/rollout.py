@@ -27,7 +27,9 @@ Prints load average and CPU flags at start and end.
 sampling), alternating in one process (``--repeats`` rounds), medians compared; ``--natural`` lets responses end at
 their end-of-sequence token (the rollout's real shape; the decode path then also drops finished rows) instead of
 forcing every row to the full length. Decode tokens/s counts the generated tokens of the rows that were still
-unfinished (the forced-length run: all of them).
+unfinished (the forced-length run: all of them). ``--baseline-rev REV`` adds a third path, **decode@REV**: the loop
+as ``src/klear/generation/decode.py`` was at git revision ``REV`` (read with ``git show``), so a change to the loop is
+measured against its previous version in the same rounds.
 """
 
 from __future__ import annotations
@@ -150,23 +152,29 @@ def compare_decode(args) -> None:
         flush=True,
     )
     lengths = [int(x) for x in args.tokens.split(",") if x]
+    names = ["generate", "decode"]
+    loops = {"decode": None}
+    if args.baseline_rev:
+        names.append(f"decode@{args.baseline_rev}")
+        loops[names[-1]] = _decode_at(args.baseline_rev)
     results = {}
     for tokens in lengths:
         # prefill-only cost (1 new token) measured apart, so decode tok/s excludes it
-        times: dict[str, list[float]] = {"generate": [], "decode": [], "prefill_generate": [], "prefill_decode": []}
-        counts: dict[str, list[int]] = {"generate": [], "decode": []}
+        times: dict[str, list[float]] = {k: [] for name in names for k in (name, f"prefill_{name}")}
+        counts: dict[str, list[int]] = {name: [] for name in names}
         hf_generate(model, tok, prompt_ids[:2], group, 2, temperature, fast_decode=True)  # warm-up
         for r in range(args.repeats):
-            for name in ("generate", "decode") if r % 2 == 0 else ("decode", "generate"):
-                fast = name == "decode"
-                t0 = time.perf_counter()
-                hf_generate(model, tok, prompt_ids, group, 1, temperature, fast_decode=fast)
-                times[f"prefill_{name}"].append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                n = hf_generate(
-                    model, tok, prompt_ids, group, tokens, temperature, fast_decode=fast, natural=args.natural
-                )
-                times[name].append(time.perf_counter() - t0)
+            for name in names if r % 2 == 0 else names[::-1]:
+                fast = name != "generate"
+                with _loop(loops.get(name)):
+                    t0 = time.perf_counter()
+                    hf_generate(model, tok, prompt_ids, group, 1, temperature, fast_decode=fast)
+                    times[f"prefill_{name}"].append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    n = hf_generate(
+                        model, tok, prompt_ids, group, tokens, temperature, fast_decode=fast, natural=args.natural
+                    )
+                    times[name].append(time.perf_counter() - t0)
                 counts[name].append(n)
                 print(
                     f"  {tokens} tokens, {name}: {times[name][-1]:.1f} s ({n} tokens, {n / times[name][-1]:.0f} tok/s "
@@ -180,17 +188,50 @@ def compare_decode(args) -> None:
     print(f"\nload average after {os.getloadavg()}")
     print(f"{'tokens':<8}{'path':<10}{'total s':>9}{'prefill s':>11}{'tokens':>8}{'tok/s':>8}{'decode tok/s':>14}")
     for tokens, (t, c) in results.items():
-        for name in ("generate", "decode"):
+        for name in names:
             decode_s = t[name] - t[f"prefill_{name}"]
             print(
                 f"{tokens:<8}{name:<10}{t[name]:>9.2f}{t[f'prefill_{name}']:>11.2f}{c[name]:>8.0f}"
                 f"{c[name] / t[name]:>8.0f}{c[name] / decode_s:>14.0f}"
             )
-        ratio = (c["decode"] / t["decode"]) / (c["generate"] / t["generate"])
-        dec = (c["decode"] / (t["decode"] - t["prefill_decode"])) / (
-            c["generate"] / (t["generate"] - t["prefill_generate"])
-        )
-        print(f"{'':<8}ratio decode/generate: total tok/s {ratio:.2f}, decode tok/s {dec:.2f}")
+        for base in names[:1] + names[2:]:
+            ratio = (c["decode"] / t["decode"]) / (c[base] / t[base])
+            dec = (c["decode"] / (t["decode"] - t["prefill_decode"])) / (c[base] / (t[base] - t[f"prefill_{base}"]))
+            print(f"{'':<8}ratio decode/{base}: total tok/s {ratio:.2f}, decode tok/s {dec:.2f}")
+
+
+def _decode_at(rev: str):
+    """``grouped_decode`` of ``src/klear/generation/decode.py`` as it was at git revision ``rev``."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    source = subprocess.run(
+        ["git", "show", f"{rev}:src/klear/generation/decode.py"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "decode_baseline.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("decode_baseline", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.grouped_decode
+
+
+@contextlib.contextmanager
+def _loop(grouped_decode):
+    """klear's prefill calls ``grouped_decode`` (another version of it inside the block; None: the current one)."""
+    import klear.generation.decode as decode
+
+    current = decode.grouped_decode
+    if grouped_decode is not None:
+        # an older loop may not take the arguments added since; the benchmark passes none of them
+        decode.grouped_decode = lambda *a, log_probs=False, **kw: grouped_decode(*a, **kw)
+    try:
+        yield
+    finally:
+        decode.grouped_decode = current
 
 
 def vllm_generate(llm, prompt_ids: list[list[int]], group: int, tokens: int, temperature: float) -> int:
@@ -240,6 +281,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mode", choices=("vllm", "hf-decode"), default="vllm", help="HF vs vLLM, or HF generate vs decode")
     p.add_argument("--natural", action="store_true", help="hf-decode: responses end at end-of-sequence")
+    p.add_argument("--baseline-rev", default=None, help="hf-decode: also the decode loop at this git revision")
     p.add_argument("--tokens", default="32,256", help="response lengths, comma-separated (default 32,256)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of (HF, vLLM) per length (default 2)")
     p.add_argument("--rl-steps", type=int, default=4, help="GPPOTrainer optimizer steps each way (0: skip)")

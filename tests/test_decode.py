@@ -223,3 +223,110 @@ def test_trls_fused_head_patch_keeps_the_loop_and_accelerates_autocast_wrapper_d
     assert not decode_supported(model, ids, config)
     del model._original_forward
     assert not decode_supported(model, ids, config)  # some other wrapper of forward: keep generate
+
+
+def test_shared_prompt_attention_matches_each_row_attending_its_own_copy(model_tok):
+    """Groups share one copy of their prompt's keys (``_shared_prompt_attention``); rows that keep their own copy
+    (``group_size=1``, sdpa) draw the same tokens from the same RNG stream, also after some rows of a group and a
+    whole group have finished and left the batch (top-3 sampling: a float32 rounding difference between the two
+    attentions cannot move a draw across a token's share of the mass)."""
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=6)
+    config = GenerationConfig(
+        max_new_tokens=12, do_sample=True, temperature=2.0, top_k=3, top_p=1.0, pad_token_id=tok.pad_token_id
+    )
+    torch.manual_seed(1)
+    first = grouped_decode(model, ids, mask, group_size=1, generation_config=config)[:, ids.shape[1]].view(3, 6)
+    # end-of-sequence tokens: every first token of group 0 (the whole group ends at once) and one first token of
+    # group 1 that some of its rows did not draw (those rows go on)
+    partial = next(t for t in first[1].tolist() if (first[1] != t).any())
+    config.eos_token_id = sorted(set(first[0].tolist()) | {partial})
+    outs = []
+    for group_size in (1, 6):
+        torch.manual_seed(1)  # the same first tokens as above
+        outs.append(grouped_decode(model, ids, mask, group_size=group_size, generation_config=config, compact=0.01))
+    assert torch.equal(outs[0], outs[1])
+    ended = torch.isin(outs[1][:, ids.shape[1] :], torch.tensor(config.eos_token_id))
+    length = torch.where(ended.any(1), ended.float().argmax(1) + 1, outs[1].shape[1] - ids.shape[1]).view(3, 6)
+    assert (length[0] == 1).all() and length.max() > 3  # group 0 left the batch after one token, others went on
+    assert length[1].min() == 1 < length[1].max()  # some rows of group 1 ended at once, others went on
+
+
+def test_shared_prompt_attention_against_float64():
+    from klear.generation.decode import _shared_prompt_attention
+
+    gen = torch.Generator().manual_seed(0)
+    groups, group, kv_heads, rep, dim, length, new = 3, 4, 2, 3, 8, 5, 4
+    q = torch.randn(groups * group, kv_heads * rep, 1, dim, generator=gen)
+    pk, pv = (torch.randn(groups, kv_heads, length, dim, generator=gen) for _ in range(2))
+    k, v = (torch.randn(groups * group, kv_heads, new, dim, generator=gen) for _ in range(2))
+    bias = torch.zeros(groups, 1, 1, length)
+    bias[1, ..., :2] = -float("inf")  # group 1's prompt is left-padded by 2
+    # the rows left after some finished: group 0 whole, group 1 two rows, group 2 none (its prompt dropped)
+    rows = torch.tensor([0, 1, 2, 3, 5, 7])
+    slot = torch.tensor([0, 1, 2, 3, 5, 7])
+    out = _shared_prompt_attention(q[rows], pk[:2], pv[:2], bias[:2], k[rows], v[rows], slot, group, dim**-0.5)
+    for i, r in enumerate(rows.tolist()):
+        g = r // group
+        keys = torch.cat([pk[g], k[r]], 1).double().repeat_interleave(rep, 0)  # (heads, L + T, dim)
+        values = torch.cat([pv[g], v[r]], 1).double().repeat_interleave(rep, 0)
+        scores = q[r].double() @ keys.transpose(-1, -2) * dim**-0.5 + torch.cat([bias[g, 0], torch.zeros(1, new)], 1)
+        ref = torch.softmax(scores, -1) @ values
+        assert torch.allclose(out[i].double(), ref, atol=1e-6), r
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_log_probs_are_the_full_softmax_of_the_sampling_forward(model_tok, group_size):
+    """``log_probs=True``: each new token's log-probability under ``log_softmax(logits / T)`` over the whole
+    vocabulary (before top-k and minimum-length masking), as a full forward over prompt + response computes it
+    (float64 reference); 0 after a row's end."""
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=3)
+    config = GenerationConfig(
+        max_new_tokens=8,
+        min_new_tokens=2,
+        do_sample=True,
+        temperature=0.7,
+        top_k=5,
+        top_p=1.0,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    free = grouped_decode(model, ids, mask, group_size=group_size, generation_config=config)[:, ids.shape[1] :]
+    config.eos_token_id = int(free[0, 3])  # row 0 ends after 4 tokens, others later or not at all
+    torch.manual_seed(0)
+    out, log_probs = grouped_decode(
+        model, ids, mask, group_size=group_size, generation_config=config, log_probs=True, compact=0.01
+    )
+    new = out[:, ids.shape[1] :]
+    assert log_probs.shape == new.shape and log_probs.dtype == torch.float32
+    import copy
+
+    with torch.no_grad():  # float64 reference: the float32 rounding of this model (logits ~40) is ~1e-4
+        logits = copy.deepcopy(model).double()(input_ids=out, attention_mask=torch.cat([mask, torch.ones_like(new)], 1))
+    ref = torch.log_softmax(logits.logits[:, ids.shape[1] - 1 : -1] / 0.7, -1).gather(-1, new[:, :, None]).squeeze(-1)
+    ended = torch.cumsum(new == config.eos_token_id, 1) - (new == config.eos_token_id).long() > 0  # after the end
+    assert bool(ended[0, 4:].all()) and int(ended.sum()) > 0
+    assert torch.allclose(log_probs[~ended].double(), ref[~ended], atol=5e-4)  # a wrong normaliser: off by >= 1e-2
+    assert bool((log_probs[ended] == 0).all())
+
+
+def test_short_prompts_keep_a_copy_per_row(model_tok, monkeypatch):
+    """The shared-prompt attention runs only when the prompt is long against ``max_new_tokens``
+    (``SHARED_PROMPT_MIN_LENGTH``); otherwise each row keeps its copy and sdpa, with the same greedy tokens."""
+    import klear.generation.decode as decode
+
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=3)
+    calls = []
+    shared = decode._shared_prompt_attention
+    monkeypatch.setattr(decode, "_shared_prompt_attention", lambda *a: calls.append(1) or shared(*a))
+    for max_new, expect_shared in ((ids.shape[1] // 2, True), (3 * ids.shape[1], False)):
+        calls.clear()
+        config = GenerationConfig(max_new_tokens=max_new, min_new_tokens=4, do_sample=False, pad_token_id=0)
+        out = grouped_decode(model, ids, mask, group_size=3, generation_config=config)
+        assert bool(calls) == expect_shared, max_new
+        assert torch.equal(
+            out[:, : ids.shape[1] + 4],
+            grouped_decode(model, ids, mask, group_size=1, generation_config=config)[:, : ids.shape[1] + 4],
+        )

@@ -13,20 +13,26 @@ decode step outside the model's matrix products (profile in :mod:`benchmarks.rol
 
 :func:`grouped_decode` keeps the model's own forward (embeddings, norms, rotary embeddings, MLPs, ``lm_head``) and
 replaces only the attention's key/value handling, through transformers' ``AttentionInterface``: each layer writes its
-new keys and values into buffers allocated once (``rows x kv_heads x (prompt + max_new_tokens) x head_dim``) and
-attends over them with ``scaled_dot_product_attention(enable_gqa=True)`` (no repeated heads). Each prompt is
-prefilled once per group, straight into the group's rows of the buffers. Rows leave the batch (and the buffers) once
-enough of them have finished. The logits processors are transformers' own (built by ``generate``'s helpers), applied
-to the same scores; the one difference is how a token is drawn from the processed distribution:
-:func:`sample_from_scores` draws it by inverting the cumulative distribution (float64) with one uniform variate per
-row, instead of ``torch.multinomial`` (one exponential variate per vocabulary entry). The sampled DISTRIBUTION is the
-same (``tests/test_decode.py`` tests it); the RNG stream, and so a seeded run's samples, differ. Greedy decoding
-(``do_sample=False``) gives ``generate``'s tokens (up to the rounding of batched products).
+new keys and values into buffers allocated once. Each prompt is prefilled once per group. When the prompt is long
+against ``max_new_tokens`` (:data:`SHARED_PROMPT_MIN_LENGTH`), its keys and values are kept once per group, not
+copied to each row: a decode step attends over them with one matrix product per group (the group's queries stacked,
+:func:`_shared_prompt_attention`), so a prompt's keys are read once per step instead of once per row (at the demo's
+batch, ~100-token prompts, 8 samples each and 32 new tokens, most of what attention reads). Otherwise (and for rows
+not in groups) each row's buffer holds its prompt's keys and then its new tokens' (``rows x kv_heads x (prompt +
+max_new_tokens) x head_dim``), attended with ``scaled_dot_product_attention(enable_gqa=True)``. Rows leave the batch
+(and the buffers) once enough of them have finished. The logits processors are transformers' own (built by
+``generate``'s helpers), applied to the same scores; the one difference is how a token is drawn from the processed
+distribution: :func:`sample_from_scores` draws it by inverting the cumulative distribution (float64) with one
+uniform variate per row, instead of ``torch.multinomial`` (one exponential variate per vocabulary entry). The sampled
+DISTRIBUTION is the same (``tests/test_decode.py`` tests it); the RNG stream, and so a seeded run's samples, differ.
+Greedy decoding (``do_sample=False``) gives ``generate``'s tokens (up to the rounding of batched products).
 
 Measured (``benchmarks/rollout.py --mode hf-decode``, 2 CPU cores with AVX-512, load average 1.1-1.8, the demo's 16 x 8
 rows, 32 tokens, medians of 3 alternating rounds): forced to 32 tokens, ``generate`` 282 tok/s (322 excluding the
 prefill) vs this loop 478 (571), 1.69x (1.77x); with natural lengths (rows end at end-of-sequence), 177 vs 373 tok/s,
-2.10x (2.28x excluding the prefill).
+2.10x (2.28x excluding the prefill). Keeping each group's prompt once (this release; ``--baseline-rev 37b0f38``, Intel
+Xeon with AMX, load average 0.6-1.7, forced to 32 tokens): ``generate`` 212 tok/s, the loop with a prompt copy per
+row 337, with shared prompts 375 (1.11x the former, 1.77x ``generate``; docs/performance.md).
 
 Only for decoder-only models whose attention is plain full causal attention over ``sdpa`` (Llama, Qwen2 without a
 sliding window, Qwen3, Mistral without a sliding window), on a CPU, and for generation settings whose logits
@@ -43,6 +49,12 @@ from typing import Any
 __all__ = ["decode_supported", "grouped_decode", "sample_from_scores"]
 
 ATTENTION_NAME = "klear_grouped_decode"
+#: Groups keep one copy of their prompt's keys (:func:`_shared_prompt_attention`) when the prompt has at least this
+#: many tokens per new token allowed (``max_new_tokens``); shorter prompts keep a copy per row and ``sdpa``. Measured
+#: (2 idle cores, one layer's attention at 128 rows): with 100-token prompts and 16 new tokens (the demo) the shared
+#: attention took 1.08 ms against sdpa's 1.68; with 38-token prompts and 48-90 new tokens (the bench) 0.67-1.00 ms
+#: against 0.66-0.84, and a bench run's rollouts took 16% longer.
+SHARED_PROMPT_MIN_LENGTH = 0.5
 _MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 _PROCESSORS = (
     "TemperatureLogitsWarper",
@@ -94,33 +106,112 @@ def _process(processors, scores, length: int, eos, dummy):
 
 
 class _State:
-    """The decode buffers: per layer ``(rows, kv_heads, capacity, head_dim)`` keys and values, written in place."""
+    """The decode buffers, written in place.
 
-    def __init__(self, layers: int, rows: int, capacity: int, group: int) -> None:
+    Without ``prompt_bias``: per layer ``(rows, kv_heads, capacity, head_dim)`` keys and values, the prompt's at
+    ``0 .. L-1`` (the prefill writes each prompt into its ``group`` rows) and each new token's after them.
+
+    With ``prompt_bias`` (shared prompts, groups of ``G = group`` rows with the same prompt): the prompt's keys and
+    values are kept once per group
+    (``prompt_keys[i]``: ``(groups, kv_heads, L, head_dim)``, as the prefill computed them) and the new tokens' per row
+    (``keys[i]``: ``(rows, kv_heads, capacity - L, head_dim)``); :func:`_shared_prompt_attention` attends over both.
+    ``slot`` ``(rows,)`` int64 places each batch row in a ``(groups x G)`` grid (its group's place among the groups
+    still decoding, times ``G``, plus its place in the group); None while the grid is the batch itself.
+    """
+
+    def __init__(self, layers: int, rows: int, capacity: int, group: int, prompt_bias=None) -> None:
         self.keys: list[Any] = [None] * layers
         self.values: list[Any] = [None] * layers
+        self.prompt_keys: list[Any] = [None] * layers
+        self.prompt_values: list[Any] = [None] * layers
+        self.prompt_bias = prompt_bias  # shared prompts: (groups, 1, 1, L) float32, 0 on prompt tokens, -inf on padding
         self.rows = rows
         self.capacity = capacity
-        self.group = group  # during the prefill: each batch row fills `group` consecutive buffer rows
-        self.pos = 0  # where the current forward's keys go
+        self.group = group  # during the prefill: each batch row stands for `group` consecutive rows
+        self.shared = prompt_bias is not None
+        self.slot = None
+        self.pos = 0  # the position of the current forward's first key (prompt, then new tokens)
+        self.offset = 0  # the position of the buffers' first entry (shared prompts: the first new token's)
         self.prefill = True
 
     def start_decoding(self, pos: int) -> None:
-        """After the prefill: the next keys go to position ``pos`` of every row."""
+        """After the prefill: the next keys are those of position ``pos`` (the first new token) of every row."""
         self.prefill, self.pos = False, pos
+        if self.shared:
+            self.offset = pos
 
     def advance(self) -> None:
         self.pos += 1
 
-    def select(self, kept) -> None:
-        """Keep only the batch rows ``kept`` (a copy of each buffer)."""
+    def select(self, kept, kept_rows) -> None:
+        """Keep only the batch rows ``kept`` (a copy of each buffer); ``kept_rows``: their indices into the output
+        (row ``r`` is in group ``r // G``). Shared prompts: only the groups with a row left keep their prompt."""
+        import torch
+
         self.keys = [k.index_select(0, kept) for k in self.keys]
         self.values = [v.index_select(0, kept) for v in self.values]
         self.rows = len(kept)
+        if not self.shared:
+            return
+        group = self.group
+        left, rank = torch.unique(torch.div(kept_rows, group, rounding_mode="floor"), return_inverse=True)
+        if len(left) < self.prompt_bias.shape[0]:  # some groups finished: drop their prompts
+            old_slot = kept if self.slot is None else self.slot[kept]
+            place = torch.zeros_like(left).scatter_(0, rank, torch.div(old_slot, group, rounding_mode="floor"))
+            self.prompt_keys = [k.index_select(0, place) for k in self.prompt_keys]
+            self.prompt_values = [v.index_select(0, place) for v in self.prompt_values]
+            self.prompt_bias = self.prompt_bias.index_select(0, place)
+        slot = rank * group + kept_rows % group
+        self.slot = None if len(kept) == len(left) * group else slot  # None: every slot taken, in order
+
+
+def _shared_prompt_attention(query, prompt_key, prompt_value, prompt_bias, key, value, slot, group: int, scale: float):
+    """Attention of one new token per row over its group's prompt and its own new tokens.
+
+    Args:
+        query: ``(rows, heads, 1, head_dim)`` float32.
+        prompt_key, prompt_value: ``(groups, kv_heads, L, head_dim)``, one prompt per group of ``group`` rows.
+        prompt_bias: ``(groups, 1, 1, L)`` float32, 0 on the prompt's tokens and ``-inf`` on its padding.
+        key, value: ``(rows, kv_heads, T, head_dim)``, the row's new tokens (``T >= 1``: the current one included).
+        slot: ``(rows,)`` int64, each row's place in the ``(groups x group)`` grid; None: row ``r`` is slot ``r``.
+        group: rows per group.
+        scale: the scores' factor (``head_dim ** -0.5``).
+
+    Returns:
+        ``(rows, heads, 1, head_dim)``: ``softmax(q [K_prompt; K_new]^T * scale + mask) [V_prompt; V_new]``, what
+        ``scaled_dot_product_attention`` gives over each row's concatenated keys (float32 rounding aside). A group's
+        prompt keys and values are read once for all its rows: one matrix product per group and key/value head, the
+        query heads that share a key/value head stacked as more rows, instead of one matrix-vector product per row.
+    """
+    import torch
+
+    rows, heads, _, dim = query.shape
+    groups, kv_heads, length, _ = prompt_key.shape
+    rep = heads // kv_heads
+
+    def to_grid(x):  # (rows, kv_heads, rep, n) -> (groups, kv_heads, group * rep, n): a group's rows stacked
+        n = x.shape[-1]
+        if slot is not None:
+            x = x.new_zeros(groups * group, kv_heads, rep, n).index_copy_(0, slot, x)
+        return x.view(groups, group, kv_heads, rep, n).transpose(1, 2).reshape(groups, kv_heads, group * rep, n)
+
+    def from_grid(x):  # the inverse of to_grid
+        n = x.shape[-1]
+        x = x.view(groups, kv_heads, group, rep, n).transpose(1, 2).reshape(groups * group, kv_heads, rep, n)
+        return x if slot is None else x.index_select(0, slot)
+
+    q = query.reshape(rows, kv_heads, rep, dim)
+    prompt_scores = torch.matmul(to_grid(q), prompt_key.transpose(-1, -2)).mul_(scale).add_(prompt_bias)
+    new_scores = torch.matmul(q, key.transpose(-1, -2)).mul_(scale)  # (rows, kv_heads, rep, T)
+    probs = torch.cat([from_grid(prompt_scores), new_scores], dim=-1).softmax(dim=-1)
+    out = torch.matmul(probs[..., length:], value)  # (rows, kv_heads, rep, dim)
+    out += from_grid(torch.matmul(to_grid(probs[..., :length]), prompt_value))
+    return out.view(rows, heads, 1, dim)
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """``AttentionInterface`` function: store ``key``/``value`` in the buffers and attend over them (GQA in sdpa)."""
+    """``AttentionInterface`` function: store ``key``/``value`` in the buffers and attend over them (sdpa with GQA,
+    or :func:`_shared_prompt_attention` when the rows' prompts are shared by groups)."""
     import torch
 
     state: _State = kwargs["klear_decode_state"]
@@ -128,18 +219,37 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         raise RuntimeError("grouped_decode's attention got no mask")
     i, length = module.layer_idx, key.shape[2]
     if state.prefill:
-        if state.keys[i] is None:
-            shape = (state.rows, key.shape[1], state.capacity, key.shape[3])
+        if state.shared:  # the prompt's keys once per group, the new tokens' buffers per row
+            state.prompt_keys[i], state.prompt_values[i] = key.contiguous(), value.contiguous()  # one copy
+            shape = (state.rows, key.shape[1], state.capacity - length, key.shape[3])
             state.keys[i], state.values[i] = key.new_empty(shape), value.new_empty(shape)
-        rows = key.shape[0]
-        for buf, new in ((state.keys[i], key), (state.values[i], value)):
-            buf.view(rows, state.group, *buf.shape[1:])[:, :, :, state.pos : state.pos + length].copy_(new[:, None])
+        else:
+            if state.keys[i] is None:
+                shape = (state.rows, key.shape[1], state.capacity, key.shape[3])
+                state.keys[i], state.values[i] = key.new_empty(shape), value.new_empty(shape)
+            for buf, new in ((state.keys[i], key), (state.values[i], value)):
+                view = buf.view(key.shape[0], state.group, *buf.shape[1:])
+                view[:, :, :, state.pos : state.pos + length].copy_(new[:, None])
         k, v = key, value
     else:
-        state.keys[i][:, :, state.pos : state.pos + length].copy_(key)
-        state.values[i][:, :, state.pos : state.pos + length].copy_(value)
-        k = state.keys[i][:, :, : state.pos + length]
-        v = state.values[i][:, :, : state.pos + length]
+        end = state.pos - state.offset + length
+        state.keys[i][:, :, end - length : end].copy_(key)
+        state.values[i][:, :, end - length : end].copy_(value)
+        k, v = state.keys[i][:, :, :end], state.values[i][:, :, :end]
+        if state.shared:
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            out = _shared_prompt_attention(
+                query,
+                state.prompt_keys[i],
+                state.prompt_values[i],
+                state.prompt_bias,
+                k,
+                v,
+                state.slot,
+                state.group,
+                scale,
+            )
+            return out.transpose(1, 2).contiguous(), None
     out = torch.nn.functional.scaled_dot_product_attention(
         query, k, v, attn_mask=attention_mask, scale=scaling, enable_gqa=k.shape[1] != query.shape[1]
     )
@@ -242,7 +352,16 @@ def decode_supported(model, input_ids, generation_config=None, **kwargs) -> bool
     return _plan(model, input_ids, generation_config, kwargs) is not None
 
 
-def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generation_config=None, compact=0.125):
+def grouped_decode(
+    model,
+    input_ids,
+    attention_mask,
+    *,
+    group_size: int,
+    generation_config=None,
+    compact=0.125,
+    log_probs: bool = False,
+):
     """What ``model.generate(input_ids, attention_mask, generation_config=...)`` returns, decoded by klear's CPU loop.
 
     Args:
@@ -253,10 +372,14 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
         group_size: ``G``; each distinct prompt is prefilled once.
         generation_config: as for ``generate`` (merged with the model's the way ``generate`` merges it).
         compact: finished rows leave the batch once they are at least this fraction of it.
+        log_probs: also return each new token's log-probability under ``log_softmax(logits / temperature)`` (the
+            generation config's temperature; before top-k, top-p and minimum-length masking): the sampling policy's
+            per-token log-prob as the trainer's log-prob pass computes it (``old_log_prob``), from the same forward.
 
     Returns:
         ``(N, L + T)`` token ids: the prompts, then each row's new tokens, ``pad_token_id`` after its end-of-sequence
         token; ``T`` is the number of steps until every row finished (at most ``max_new_tokens``), as ``generate``.
+        With ``log_probs``: ``(token_ids, log_probs)``, ``log_probs`` ``(N, T)`` float32, 0 after a row's end.
     """
     import torch
 
@@ -271,7 +394,11 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
     mask = attention_mask.bool()
     uniq_ids, uniq_mask = input_ids[::group_size], mask[::group_size]
     eos = torch.tensor(eos_list, dtype=torch.long, device=device)
-    state = _State(model.config.num_hidden_layers, n, length + max_new - 1, group_size)
+    prompt_bias = None
+    if group_size > 1 and length >= SHARED_PROMPT_MIN_LENGTH * max_new:  # shared prompts, their padding masked
+        prompt_bias = torch.zeros((len(uniq_ids), 1, 1, length), dtype=torch.float32, device=device)
+        prompt_bias.masked_fill_(~uniq_mask[:, None, None, :], -float("inf"))
+    state = _State(model.config.num_hidden_layers, n, length + max_new - 1, group_size, prompt_bias)
     # the attention mask over all buffer positions (prompt, then one column per generated token)
     key_mask = torch.zeros((n, 1, 1, state.capacity), dtype=torch.bool, device=device)
     key_mask[:, 0, 0, :length] = mask
@@ -279,6 +406,8 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
     prefill_mask = (causal & uniq_mask[:, None, None, :]) | torch.eye(length, dtype=torch.bool, device=device)
     position = (uniq_mask.long().cumsum(-1) - 1).masked_fill(~uniq_mask, 1)
     tokens = torch.full((n, max_new), pad, dtype=torch.long, device=device)
+    token_log_probs = torch.zeros((n, max_new), dtype=torch.float32, device=device) if log_probs else None
+    temperature = float(gen.temperature) if gen.temperature is not None else 1.0
     rows = torch.arange(n, device=device)  # the batch's rows, as indices into the output
     unfinished = torch.ones(n, dtype=torch.bool, device=device)
     dummy = torch.zeros((1, 1), dtype=torch.long, device=device)
@@ -305,6 +434,9 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
             next_pos = position[:, -1:].repeat_interleave(group_size, dim=0) + 1
             state.start_decoding(length)
             for step in range(max_new):
+                if token_log_probs is not None:  # the unprocessed distribution, before the in-place processing
+                    scaled = logits / temperature
+                    normaliser = torch.logsumexp(scaled, dim=-1)
                 scores = _process(processors, logits, length + step, eos, dummy)
                 if gen.do_sample:
                     token = sample_from_scores(
@@ -312,6 +444,9 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
                     )
                 else:
                     token = scores.argmax(dim=-1)
+                if token_log_probs is not None:
+                    picked = scaled.gather(1, token[:, None]).squeeze(1) - normaliser
+                    token_log_probs[rows, step] = torch.where(unfinished, picked, 0.0)
                 token = torch.where(unfinished, token, pad)
                 tokens[rows, step] = token
                 steps = step + 1
@@ -321,7 +456,7 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
                 done = len(rows) - int(unfinished.sum())
                 if done and done >= compact * len(rows):
                     kept = unfinished.nonzero().squeeze(-1)
-                    state.select(kept)
+                    state.select(kept, rows[kept])
                     rows, token, unfinished = rows[kept], token[kept], unfinished[kept]
                     key_mask, next_pos = key_mask[kept], next_pos[kept]
                 key_mask[:, 0, 0, state.pos] = True
@@ -337,4 +472,5 @@ def grouped_decode(model, input_ids, attention_mask, *, group_size: int, generat
                 next_pos = next_pos + 1
     finally:
         model.train(was_training)
-    return torch.cat([input_ids, tokens[:, :steps]], dim=1)
+    ids = torch.cat([input_ids, tokens[:, :steps]], dim=1)
+    return (ids, token_log_probs[:, :steps]) if token_log_probs is not None else ids

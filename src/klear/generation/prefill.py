@@ -39,6 +39,7 @@ def grouped_prefill_generate(
     generation_config=None,
     agree: Callable[[bool], bool] | None = None,
     fast_decode: bool = True,
+    log_probs: list | None = None,
     **kwargs: Any,
 ):
     """``generate(input_ids, attention_mask, ...)`` with the prompt prefilled once per group of identical rows.
@@ -60,6 +61,9 @@ def grouped_prefill_generate(
             distribution, fewer copies, finished rows leave the batch, cheaper sampling; a different RNG stream),
             rows not in groups of ``G`` identical prompts included (each its own group). False: always
             ``generate``.
+        log_probs: a list that receives the ``(N, T)`` float32 log-probabilities of the new tokens when klear's loop
+            decodes (:func:`klear.generation.decode.grouped_decode`'s ``log_probs``); left empty when ``generate``
+            does.
 
     Returns:
         What ``generate`` returns (``(N, L + new)`` token ids).
@@ -85,13 +89,18 @@ def grouped_prefill_generate(
 
         # rows not in groups (e.g. one sample per held-out problem) still gain the loop's own savings
         if decode_supported(model, input_ids, generation_config):
-            return grouped_decode(
+            out = grouped_decode(
                 model,
                 input_ids,
                 attention_mask,
                 group_size=1 if plain else group_size,
                 generation_config=generation_config,
+                log_probs=log_probs is not None,
             )
+            if log_probs is None:
+                return out
+            log_probs.append(out[1])
+            return out[0]
     if plain:
         return generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
