@@ -586,3 +586,58 @@ def test_rollouts_on_cpu_take_klears_decode_loop(tmp_path, tiny_model, monkeypat
     )
     trainer.train()
     assert len(calls) == 1 and calls[0][0] == 16  # one rollout batch: 4 prompts x 4 generations
+
+
+@pytest.mark.parametrize("source", ["rollout", "recompute"])
+def test_old_log_prob_from_the_rollout_equals_the_recomputed_one(tmp_path, tiny_model, source):
+    """``old_log_prob_source='rollout'``: every micro-batch's ``old_per_token_logps`` are the decode loop's sampling
+    log-probs, equal to the log-prob pass over the same tensors (float32 rounding), and no such pass runs."""
+    model, tok = tiny_model
+    trainer = GPPOTrainer(
+        model=model,
+        reward_funcs=_reward_table({f"p{i}": [1.0, -1.0] for i in range(4)}),
+        args=_config(tmp_path, max_steps=1, bf16=False, old_log_prob_source=source),
+        train_dataset=_dataset(4),
+        processing_class=tok,
+    )
+    passes, checked = [], []
+    fill = trainer._old_log_probs
+    policy_log_probs = trainer._policy_log_probs
+
+    def counted(*a, **kw):
+        passes.append(torch.is_grad_enabled())
+        return policy_log_probs(*a, **kw)
+
+    def check(micro_batches):
+        trainer._policy_log_probs = counted
+        try:
+            fill(micro_batches)
+        finally:
+            trainer._policy_log_probs = policy_log_probs
+        for mb in micro_batches:  # before any update: the recomputed log-probs of the same policy
+            with torch.no_grad():
+                recomputed, _ = policy_log_probs(trainer.model, mb)
+            mask = mb["completion_mask"].bool()
+            assert mb["old_per_token_logps"].shape == recomputed.shape
+            torch.testing.assert_close(mb["old_per_token_logps"][mask], recomputed[mask], rtol=0, atol=1e-4)
+            checked.append(int(mask.sum()))
+
+    trainer._old_log_probs = check
+    trainer.train()
+    assert sum(checked) > 0
+    assert passes == ([] if source == "rollout" else [False] * len(checked))
+
+
+def test_old_log_prob_source_is_validated(tmp_path, capsys):
+    from klear.cli import main
+
+    # through `klear rl`, before any model loads
+    assert main(["rl", "--config", "rl_bench_arith", "--dry-run", "trainer.old_log_prob_source=sampler"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(
+        "trainer: GPPOConfig.old_log_prob_source='sampler' is unknown; expected one of ('recompute', 'rollout')"
+    )
+    with pytest.raises(ValueError, match="old_log_prob_source='sampler' is unknown"):
+        _config(tmp_path, old_log_prob_source="sampler")
+    with pytest.raises(ValueError, match="no old entropies, which loss_mode='gppo_erc' needs"):
+        _config(tmp_path, old_log_prob_source="rollout", loss_mode="gppo_erc")

@@ -20,7 +20,8 @@ accumulation, checkpointing and logging. This module overrides these ``GRPOTrain
   (Eq. 14: ``L = L_pg + alpha * L_LM``) of the configured loss mode.
 * ``_generate_single_turn``: on the transformers path, each prompt is prefilled once per group
   (:func:`klear.generation.prefill.grouped_prefill_generate`; on a CPU, with one process, decoded by klear's loop,
-  :mod:`klear.generation.decode`); the sampling distribution is unchanged.
+  :mod:`klear.generation.decode`); the sampling distribution is unchanged. With ``old_log_prob_source="rollout"``
+  it also returns that loop's sampling log-probs, which then serve as ``old_log_prob`` (no log-prob pass).
 * ``_generate`` and ``training_step``: timers only (``timing/<phase>_s``), which change nothing (on CUDA they
   synchronise the device at each phase boundary, :func:`phase_clock`).
 
@@ -108,6 +109,7 @@ from klear.rl.trl_surface import TRL_FORWARD_KEYS
 logger = logging.getLogger(__name__)
 
 ZERO_ADV_CRITERIA = ("reward", "correctness")
+OLD_LOG_PROB_SOURCES = ("recompute", "rollout")
 
 
 @dataclass
@@ -159,6 +161,14 @@ class GPPOConfig(GRPOConfig):
     vllm_importance_sampling_correction: bool = field(
         default=False, metadata={"help": "Not supported by GPPOTrainer (TRL's default is True); must stay False."}
     )
+    old_log_prob_source: str = field(
+        default="recompute",
+        metadata={
+            "help": "Where old_log_prob comes from: 'recompute' (a log-prob pass over each fresh rollout batch, as TRL "
+            "and verl) or 'rollout' (the sampling log-probs of klear's CPU decode loop, from the forward that sampled "
+            "the token; no extra pass; recomputed where that loop does not decode)."
+        },
+    )
     share_prompt_forward: bool | None = field(
         default=None,
         metadata={
@@ -199,6 +209,22 @@ class GPPOConfig(GRPOConfig):
         if self.vllm_importance_sampling_correction:
             # TRL's correction multiplies the per-token loss by a ratio our losses have no slot for.
             raise ValueError("GPPOConfig.vllm_importance_sampling_correction=True is not supported.")
+        if self.old_log_prob_source not in OLD_LOG_PROB_SOURCES:
+            raise ValueError(
+                f"GPPOConfig.old_log_prob_source={self.old_log_prob_source!r} is unknown; expected one of "
+                f"{OLD_LOG_PROB_SOURCES}"
+            )
+        if self.old_log_prob_source == "rollout":
+            if self.use_vllm:  # vLLM's log-probs come from other kernels (and after its logits processing)
+                raise ValueError(
+                    "GPPOConfig.old_log_prob_source='rollout' takes klear's CPU decode loop's log-probs; with "
+                    "use_vllm=True use 'recompute'"
+                )
+            if self.loss_settings().mode.needs_old_entropies:
+                raise ValueError(
+                    f"GPPOConfig.old_log_prob_source='rollout' gives no old entropies, which loss_mode="
+                    f"{self.loss_mode!r} needs; use 'recompute'"
+                )
         self.epsilon = self.clip_ratio_low
         self.epsilon_high = self.clip_ratio_high
         self.loss_type = "dapo"  # only TRL-side bookkeeping; the loss is ours
@@ -581,17 +607,29 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         from klear.generation.prefill import grouped_prefill_generate
 
         model = self.accelerator.unwrap_model(self.model_wrapped)
+        sink: list[torch.Tensor] | None = [] if self.args.old_log_prob_source == "rollout" else None
         model.generate = functools.partial(
             grouped_prefill_generate,
             model,
             model.generate,
             group_size=num_generations,
             agree=self._prefill_agreement(),
+            log_probs=sink,
         )
         try:
-            return super()._generate_single_turn(*args)
+            completion_ids, logprobs = super()._generate_single_turn(*args)
         finally:
             del model.generate  # the class's generate again
+        if sink:  # klear's loop decoded: its (N, T) log-probs, cut as TRL cut each row (after its first stop token)
+            rows = sink[0].tolist()
+            logprobs = [row[: len(ids)] for row, ids in zip(rows, completion_ids, strict=True)]
+        elif sink is not None and not getattr(self, "_klear_warned_recompute", False):
+            self._klear_warned_recompute = True
+            logger.warning(
+                "old_log_prob_source='rollout': transformers' generate sampled this rollout (klear's CPU decode loop "
+                "does not run here), so old_log_prob is recomputed"
+            )
+        return completion_ids, logprobs
 
     def _prefill_agreement(self):
         """With several processes, the decision of :func:`klear.generation.prefill.grouped_prefill_generate`:
@@ -720,6 +758,10 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         will see, so the first optimizer step's ratio is 1 up to float32 rounding. As in TRL, nothing is
         computed when each rollout batch feeds exactly one optimizer step (on-policy: ``_compute_loss`` then
         uses ``log_prob.detach()`` and its entropies).
+
+        With ``old_log_prob_source="rollout"`` a micro-batch whose rollout came with the decode loop's sampling
+        log-probs (``sampling_per_token_logps``, see :meth:`_generate_single_turn`) takes those instead: the same
+        policy's log-probs from the forward that sampled each token (float32 rounding aside), without the pass.
         """
         assert self.args.steps_per_generation is not None, "GRPOConfig.__post_init__ always sets it"
         generate_every = self.args.steps_per_generation * self.num_iterations
@@ -730,8 +772,11 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         assert not isinstance(ckpt_kwargs, str), "GPPOConfig.__post_init__ refuses text kwargs"
         # the policy is a PreTrainedModel (a PeftModel forwards the checkpointing methods it needs)
         policy = cast(PreTrainedModel, self.model)
+        rollout = self.args.old_log_prob_source == "rollout"
         with torch.no_grad(), disable_gradient_checkpointing(policy, ckpt_kwargs):
             for mb in micro_batches:
+                if rollout and mb.get("old_per_token_logps") is None and mb.get("sampling_per_token_logps") is not None:
+                    mb["old_per_token_logps"] = mb["sampling_per_token_logps"]  # the sampler's, same shape
                 if mb.get("old_per_token_logps") is None:
                     log_prob, entropies = self._timed(
                         "old_log_prob", self._policy_log_probs, self.model, mb, compute_entropy=with_entropy

@@ -98,9 +98,16 @@ TRL_SURFACE: tuple[TRLContact, ...] = (
         GRPO,
         "_generate_single_turn",
         ("prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"),
-        "prefills each prompt once per group of num_generations on the transformers path (see the generate patch)",
+        "one prefill per prompt group (see the generate patch); returns the decode loop's log-probs as TRL's logprobs",
         (f"{_RL}._generate_single_turn",),
-        ((f"{GRPO}._generate", "self._generate_single_turn("),),
+        (
+            (f"{GRPO}._generate", "self._generate_single_turn("),
+            (f"{GRPO}._generate_single_turn", "return completion_ids, logprobs"),
+            (
+                f"{GRPO}._generate_and_score_completions",
+                'output["sampling_per_token_logps"] = sampling_per_token_logps',
+            ),
+        ),
     ),
     TRLContact(
         HOOK,
