@@ -186,12 +186,12 @@ def compare_decode(args) -> None:
             {k: statistics.median(v) for k, v in counts.items()},
         )
     print(f"\nload average after {os.getloadavg()}")
-    print(f"{'tokens':<8}{'path':<10}{'total s':>9}{'prefill s':>11}{'tokens':>8}{'tok/s':>8}{'decode tok/s':>14}")
+    print(f"{'tokens':<8}{'path':<16}{'total s':>9}{'prefill s':>11}{'tokens':>8}{'tok/s':>8}{'decode tok/s':>14}")
     for tokens, (t, c) in results.items():
         for name in names:
             decode_s = t[name] - t[f"prefill_{name}"]
             print(
-                f"{tokens:<8}{name:<10}{t[name]:>9.2f}{t[f'prefill_{name}']:>11.2f}{c[name]:>8.0f}"
+                f"{tokens:<8}{name:<16}{t[name]:>9.2f}{t[f'prefill_{name}']:>11.2f}{c[name]:>8.0f}"
                 f"{c[name] / t[name]:>8.0f}{c[name] / decode_s:>14.0f}"
             )
         for base in names[:1] + names[2:]:

@@ -330,3 +330,44 @@ def test_short_prompts_keep_a_copy_per_row(model_tok, monkeypatch):
             out[:, : ids.shape[1] + 4],
             grouped_decode(model, ids, mask, group_size=1, generation_config=config)[:, : ids.shape[1] + 4],
         )
+
+
+def test_rows_and_groups_leaving_in_turns_keep_their_prompts():
+    """``_State.select`` over several steps: rows of one group leave first, then a whole other group, then more rows;
+    after each, every row still attends to its own group's prompt (float64 reference over the original rows)."""
+    from klear.generation.decode import _shared_prompt_attention, _State
+
+    gen = torch.Generator().manual_seed(1)
+    groups, group, kv_heads, rep, dim, length, new = 4, 3, 2, 2, 8, 5, 3
+    n = groups * group
+    q = torch.randn(n, kv_heads * rep, 1, dim, generator=gen)
+    pk, pv = (torch.randn(groups, kv_heads, length, dim, generator=gen) for _ in range(2))
+    k, v = (torch.randn(n, kv_heads, new, dim, generator=gen) for _ in range(2))
+    bias = torch.zeros(groups, 1, 1, length)
+    bias[2, ..., :3] = -float("inf")
+    state = _State(1, n, length + new, group, bias.clone())
+    state.prompt_keys, state.prompt_values, state.keys, state.values = [pk], [pv], [k], [v]
+    rows = torch.arange(n)
+    for leaving in ([4, 5], [0, 1, 2], [9], [6, 7, 8]):  # part of group 1, all of group 0, part of 3, all of 2
+        kept = torch.tensor([i for i, r in enumerate(rows.tolist()) if r not in leaving])
+        state.select(kept, rows[kept])
+        rows = rows[kept]
+        out = _shared_prompt_attention(
+            q[rows],
+            state.prompt_keys[0],
+            state.prompt_values[0],
+            state.prompt_bias,
+            state.keys[0],
+            state.values[0],
+            state.slot,
+            group,
+            dim**-0.5,
+        )
+        for i, r in enumerate(rows.tolist()):
+            g = r // group
+            keys = torch.cat([pk[g], k[r]], 1).double().repeat_interleave(rep, 0)
+            values = torch.cat([pv[g], v[r]], 1).double().repeat_interleave(rep, 0)
+            mask = torch.cat([bias[g, 0], torch.zeros(1, new)], 1)
+            ref = torch.softmax(q[r].double() @ keys.transpose(-1, -2) * dim**-0.5 + mask, -1) @ values
+            assert torch.allclose(out[i].double(), ref, atol=1e-6), (leaving, r)
+    assert rows.tolist() == [3, 10, 11]

@@ -591,16 +591,20 @@ def test_rollouts_on_cpu_take_klears_decode_loop(tmp_path, tiny_model, monkeypat
 @pytest.mark.parametrize("source", ["rollout", "recompute"])
 def test_old_log_prob_from_the_rollout_equals_the_recomputed_one(tmp_path, tiny_model, source):
     """``old_log_prob_source='rollout'``: every micro-batch's ``old_per_token_logps`` are the decode loop's sampling
-    log-probs, equal to the log-prob pass over the same tensors (float32 rounding), and no such pass runs."""
+    log-probs, equal to the log-prob pass over the same tensors (float32 rounding), and no such pass runs; with
+    responses of different lengths (a seventh of the vocabulary ends one) and a filtered zero-advantage group."""
     model, tok = tiny_model
+    model.generation_config.eos_token_id = list(range(1, model.config.vocab_size, 7))
+    table = {f"p{i}": [1.0, -1.0] for i in range(4)}
+    table["p0"] = [1.0]  # a zero-advantage group: filtered before the micro-batches are rebuilt
     trainer = GPPOTrainer(
         model=model,
-        reward_funcs=_reward_table({f"p{i}": [1.0, -1.0] for i in range(4)}),
+        reward_funcs=_reward_table(table),
         args=_config(tmp_path, max_steps=1, bf16=False, old_log_prob_source=source),
         train_dataset=_dataset(4),
         processing_class=tok,
     )
-    passes, checked = [], []
+    passes, checked, lengths, kept = [], [], [], []
     fill = trainer._old_log_probs
     policy_log_probs = trainer._policy_log_probs
 
@@ -621,14 +625,18 @@ def test_old_log_prob_from_the_rollout_equals_the_recomputed_one(tmp_path, tiny_
             assert mb["old_per_token_logps"].shape == recomputed.shape
             torch.testing.assert_close(mb["old_per_token_logps"][mask], recomputed[mask], rtol=0, atol=1e-4)
             checked.append(int(mask.sum()))
+            lengths.extend(mask.sum(1).tolist())
+            kept.append(int(mb["klear_keep"].sum()))
 
     trainer._old_log_probs = check
     trainer.train()
     assert sum(checked) > 0
+    assert min(lengths) < max(lengths) == 6  # some responses ended early, some ran to the limit
+    assert sum(kept) == 12  # 16 samples, the zero-advantage group's 4 filtered
     assert passes == ([] if source == "rollout" else [False] * len(checked))
 
 
-def test_old_log_prob_source_is_validated(tmp_path, capsys):
+def test_old_log_prob_source_is_validated(tmp_path, capsys, tiny_model):
     from klear.cli import main
 
     # through `klear rl`, before any model loads
@@ -641,3 +649,15 @@ def test_old_log_prob_source_is_validated(tmp_path, capsys):
         _config(tmp_path, old_log_prob_source="sampler")
     with pytest.raises(ValueError, match="no old entropies, which loss_mode='gppo_erc' needs"):
         _config(tmp_path, old_log_prob_source="rollout", loss_mode="gppo_erc")
+    with pytest.raises(ValueError, match=r"generation_kwargs overriding \['temperature'\]"):
+        _config(tmp_path, old_log_prob_source="rollout", generation_kwargs={"temperature": 0.5})
+    model, tok = tiny_model
+    with pytest.raises(ValueError, match="tool calls and a rollout_func bypass"):
+        GPPOTrainer(
+            model=model,
+            reward_funcs=_reward_table({"p0": [1.0]}),
+            args=_config(tmp_path, old_log_prob_source="rollout"),
+            train_dataset=_dataset(4),
+            processing_class=tok,
+            rollout_func=lambda prompts, trainer: {},
+        )

@@ -51,9 +51,9 @@ __all__ = ["decode_supported", "grouped_decode", "sample_from_scores"]
 ATTENTION_NAME = "klear_grouped_decode"
 #: Groups keep one copy of their prompt's keys (:func:`_shared_prompt_attention`) when the prompt has at least this
 #: many tokens per new token allowed (``max_new_tokens``); shorter prompts keep a copy per row and ``sdpa``. Measured
-#: (2 idle cores, one layer's attention at 128 rows): with 100-token prompts and 16 new tokens (the demo) the shared
-#: attention took 1.08 ms against sdpa's 1.68; with 38-token prompts and 48-90 new tokens (the bench) 0.67-1.00 ms
-#: against 0.66-0.84, and a bench run's rollouts took 16% longer.
+#: (2 idle cores, one layer's attention at 128 rows): at the 16th of 32 new tokens after 100-token prompts (the demo)
+#: the shared attention took 1.08 ms against sdpa's 1.68; at the 48th-90th new token after 38-token prompts (the
+#: bench) 0.67-1.00 ms against 0.66-0.84, and a bench run's rollouts took 16% longer.
 SHARED_PROMPT_MIN_LENGTH = 0.5
 _MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 _PROCESSORS = (
@@ -415,6 +415,7 @@ def grouped_decode(
     # (B, V) workspaces, allocated once: fresh ones every step cost more in page faults than their arithmetic
     logits_buf = torch.empty((n, head.weight.shape[0]), dtype=torch.float32, device=device)
     cdf_buf = torch.empty((n, head.weight.shape[0]), dtype=torch.float64, device=device) if gen.do_sample else None
+    scaled_buf = torch.empty((n, head.weight.shape[0]), dtype=torch.float32, device=device) if log_probs else None
     was_training = model.training
     steps = 0
     try:
@@ -434,8 +435,8 @@ def grouped_decode(
             next_pos = position[:, -1:].repeat_interleave(group_size, dim=0) + 1
             state.start_decoding(length)
             for step in range(max_new):
-                if token_log_probs is not None:  # the unprocessed distribution, before the in-place processing
-                    scaled = logits / temperature
+                if token_log_probs is not None and scaled_buf is not None:  # before the in-place processing
+                    scaled = torch.div(logits, temperature, out=scaled_buf[: len(rows)])
                     normaliser = torch.logsumexp(scaled, dim=-1)
                 scores = _process(processors, logits, length + step, eos, dummy)
                 if gen.do_sample:

@@ -16,7 +16,8 @@ elsewhere ``generate`` decodes.
 
 The sampled distribution is unchanged; only the floating-point rounding of the prompt's keys and
 values can differ (they are computed in a batch of distinct prompts instead of all rows). The
-rollout's ``old_log_prob`` is recomputed afterwards anyway (:class:`klear.rl.trainer.GPPOTrainer`).
+rollout's ``old_log_prob`` is recomputed afterwards (:class:`klear.rl.trainer.GPPOTrainer`), or, with
+``old_log_prob_source="rollout"``, taken from the decode loop that sampled the tokens.
 """
 
 from __future__ import annotations

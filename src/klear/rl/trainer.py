@@ -129,8 +129,10 @@ class GPPOConfig(GRPOConfig):
         ValueError: any loss setting ``LossSettings`` rejects (unknown ``loss_mode``/``loss_agg_mode``, an
             out-of-range ``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``/``alpha``/``beta1``/
             ``beta2``/``erc_low``/``erc_high``, a mode-specific setting away from its default for a mode that
-            does not use it), an unknown ``zero_adv_criterion``, or a TRL option this trainer does not support
-            (see the module docstring).
+            does not use it), an unknown ``zero_adv_criterion``, an unknown ``old_log_prob_source`` or ``'rollout'``
+            with settings it cannot serve (``use_vllm``, a loss mode needing old entropies, ``generation_kwargs``
+            overriding ``temperature``/``eos_token_id``), or a TRL option this trainer does not support (see the
+            module docstring).
     """
 
     loss_mode: str = field(default="gppo", metadata={"help": f"Policy loss: one of {LOSS_MODES}."})
@@ -224,6 +226,12 @@ class GPPOConfig(GRPOConfig):
                 raise ValueError(
                     f"GPPOConfig.old_log_prob_source='rollout' gives no old entropies, which loss_mode="
                     f"{self.loss_mode!r} needs; use 'recompute'"
+                )
+            overridden = sorted(set(self.generation_kwargs or {}) & {"temperature", "eos_token_id"})
+            if overridden:  # the loop would sample (and stop) by other settings than the loss reads
+                raise ValueError(
+                    f"GPPOConfig.old_log_prob_source='rollout' with generation_kwargs overriding {overridden}: the "
+                    "sampling log-probs would not be the loss's; use 'recompute' or drop the override"
                 )
         self.epsilon = self.clip_ratio_low
         self.epsilon_high = self.clip_ratio_high
@@ -568,6 +576,11 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
 
             reward_funcs = klear_reward
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
+        if args.old_log_prob_source == "rollout" and (self.tools or self.rollout_func is not None):
+            raise ValueError(
+                "GPPOConfig.old_log_prob_source='rollout' takes klear's decode loop's log-probs, which tool calls and "
+                "a rollout_func bypass; use 'recompute'"
+            )
         self._klear_rollout: dict[str, Any] | None = None
         self._klear_in_rollout = False
         self._klear_time = dict.fromkeys(TIMING_PHASES, 0.0)  # seconds in the current optimizer step
@@ -623,11 +636,11 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         if sink:  # klear's loop decoded: its (N, T) log-probs, cut as TRL cut each row (after its first stop token)
             rows = sink[0].tolist()
             logprobs = [row[: len(ids)] for row, ids in zip(rows, completion_ids, strict=True)]
-        elif sink is not None and not getattr(self, "_klear_warned_recompute", False):
+        elif sink is not None and self.model.training and not getattr(self, "_klear_warned_recompute", False):
             self._klear_warned_recompute = True
             logger.warning(
                 "old_log_prob_source='rollout': transformers' generate sampled this rollout (klear's CPU decode loop "
-                "does not run here), so old_log_prob is recomputed"
+                "runs on a CPU, in one process, in float32), so old_log_prob is recomputed"
             )
         return completion_ids, logprobs
 
