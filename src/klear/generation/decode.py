@@ -128,11 +128,15 @@ class _State:
         self.rows = rows
         self.capacity = capacity
         self.group = group  # during the prefill: each batch row stands for `group` consecutive rows
-        self.shared = prompt_bias is not None
         self.slot = None
         self.pos = 0  # the position of the current forward's first key (prompt, then new tokens)
         self.offset = 0  # the position of the buffers' first entry (shared prompts: the first new token's)
         self.prefill = True
+
+    @property
+    def shared(self) -> bool:
+        """Whether each group's prompt is kept once (``prompt_bias`` given)."""
+        return self.prompt_bias is not None
 
     def start_decoding(self, pos: int) -> None:
         """After the prefill: the next keys are those of position ``pos`` (the first new token) of every row."""

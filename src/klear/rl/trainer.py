@@ -788,8 +788,8 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         rollout = self.args.old_log_prob_source == "rollout"
         with torch.no_grad(), disable_gradient_checkpointing(policy, ckpt_kwargs):
             for mb in micro_batches:
-                if rollout and mb.get("old_per_token_logps") is None and mb.get("sampling_per_token_logps") is not None:
-                    mb["old_per_token_logps"] = mb["sampling_per_token_logps"]  # the sampler's, same shape
+                if rollout and mb.get("old_per_token_logps") is None:
+                    mb["old_per_token_logps"] = mb.get("sampling_per_token_logps")  # the sampler's, same shape
                 if mb.get("old_per_token_logps") is None:
                     log_prob, entropies = self._timed(
                         "old_log_prob", self._policy_log_probs, self.model, mb, compute_entropy=with_entropy
