@@ -29,7 +29,10 @@ their end-of-sequence token (the rollout's real shape; the decode path then also
 forcing every row to the full length. Decode tokens/s counts the generated tokens of the rows that were still
 unfinished (the forced-length run: all of them). ``--baseline-rev REV`` adds a third path, **decode@REV**: the loop
 as ``src/klear/generation/decode.py`` was at git revision ``REV`` (read with ``git show``), so a change to the loop is
-measured against its previous version in the same rounds.
+measured against its previous version in the same rounds. ``--bf16`` (a CPU with AMX) adds the two paths a
+``trainer.bf16: true`` run takes on a CPU: **generate-bf16** (``generate`` with the policy's forward wrapped in bf16
+autocast per call, as accelerate's mixed precision wraps it: klear before this release) and **decode-bf16** (the loop
+in one bf16 autocast region, as the trainer now runs its rollouts there).
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def hf_generate(
     temperature: float,
     fast_decode: bool = False,
     natural: bool = False,
+    autocast=None,
 ) -> int:
     """One ``generate`` call on all rows (left-padded), prefilled once per group; returns the tokens generated
     (up to and including each row's end-of-sequence token). ``fast_decode``: klear's CPU decode loop instead of
@@ -115,6 +119,7 @@ def hf_generate(
             group_size=group,
             generation_config=config,
             fast_decode=fast_decode,
+            autocast=autocast,
         )
     new = out[:, width:]
     if not natural:
@@ -157,6 +162,8 @@ def compare_decode(args) -> None:
     if args.baseline_rev:
         names.append(f"decode@{args.baseline_rev}")
         loops[names[-1]] = _decode_at(args.baseline_rev)
+    if args.bf16:
+        names += ["generate-bf16", "decode-bf16"]
     results = {}
     for tokens in lengths:
         # prefill-only cost (1 new token) measured apart, so decode tok/s excludes it
@@ -165,14 +172,24 @@ def compare_decode(args) -> None:
         hf_generate(model, tok, prompt_ids[:2], group, 2, temperature, fast_decode=True)  # warm-up
         for r in range(args.repeats):
             for name in names if r % 2 == 0 else names[::-1]:
-                fast = name != "generate"
-                with _loop(loops.get(name)):
+                fast = not name.startswith("generate")
+                bf16 = name.endswith("-bf16")
+                region = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 and fast else None
+                with _loop(loops.get(name)), _per_forward_autocast(model, bf16 and not fast):
                     t0 = time.perf_counter()
-                    hf_generate(model, tok, prompt_ids, group, 1, temperature, fast_decode=fast)
+                    hf_generate(model, tok, prompt_ids, group, 1, temperature, fast_decode=fast, autocast=region)
                     times[f"prefill_{name}"].append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     n = hf_generate(
-                        model, tok, prompt_ids, group, tokens, temperature, fast_decode=fast, natural=args.natural
+                        model,
+                        tok,
+                        prompt_ids,
+                        group,
+                        tokens,
+                        temperature,
+                        fast_decode=fast,
+                        natural=args.natural,
+                        autocast=region,
                     )
                     times[name].append(time.perf_counter() - t0)
                 counts[name].append(n)
@@ -194,10 +211,13 @@ def compare_decode(args) -> None:
                 f"{tokens:<8}{name:<16}{t[name]:>9.2f}{t[f'prefill_{name}']:>11.2f}{c[name]:>8.0f}"
                 f"{c[name] / t[name]:>8.0f}{c[name] / decode_s:>14.0f}"
             )
-        for base in names[:1] + names[2:]:
-            ratio = (c["decode"] / t["decode"]) / (c[base] / t[base])
-            dec = (c["decode"] / (t["decode"] - t["prefill_decode"])) / (c[base] / (t[base] - t[f"prefill_{base}"]))
-            print(f"{'':<8}ratio decode/{base}: total tok/s {ratio:.2f}, decode tok/s {dec:.2f}")
+        pairs = [("decode", base) for base in names if base != "decode" and not base.endswith("-bf16")]
+        if args.bf16:
+            pairs += [("decode-bf16", "generate-bf16"), ("decode-bf16", "generate"), ("decode-bf16", "decode")]
+        for new, base in pairs:
+            ratio = (c[new] / t[new]) / (c[base] / t[base])
+            dec = (c[new] / (t[new] - t[f"prefill_{new}"])) / (c[base] / (t[base] - t[f"prefill_{base}"]))
+            print(f"{'':<8}ratio {new}/{base}: total tok/s {ratio:.2f}, decode tok/s {dec:.2f}")
 
 
 def _decode_at(rev: str):
@@ -217,6 +237,23 @@ def _decode_at(rev: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.grouped_decode
+
+
+@contextlib.contextmanager
+def _per_forward_autocast(model, on: bool):
+    """Inside the block (``on``), ``model.forward`` runs in bf16 autocast per call, as accelerate's native mixed
+    precision wraps a prepared model's forward (it keeps the unwrapped one as ``_original_forward``)."""
+    if not on:
+        yield
+        return
+    forward = model.forward
+    model._original_forward = forward
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(forward)
+    try:
+        yield
+    finally:
+        del model._original_forward
+        del model.forward  # the class's forward again
 
 
 @contextlib.contextmanager
@@ -282,6 +319,7 @@ def main() -> None:
     p.add_argument("--mode", choices=("vllm", "hf-decode"), default="vllm", help="HF vs vLLM, or HF generate vs decode")
     p.add_argument("--natural", action="store_true", help="hf-decode: responses end at end-of-sequence")
     p.add_argument("--baseline-rev", default=None, help="hf-decode: also the decode loop at this git revision")
+    p.add_argument("--bf16", action="store_true", help="hf-decode: also generate and the loop under bf16 autocast")
     p.add_argument("--tokens", default="32,256", help="response lengths, comma-separated (default 32,256)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of (HF, vLLM) per length (default 2)")
     p.add_argument("--rl-steps", type=int, default=4, help="GPPOTrainer optimizer steps each way (0: skip)")

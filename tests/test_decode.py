@@ -205,8 +205,8 @@ def test_sampled_tokens_follow_the_models_distribution(model_tok, top_k):
 
 def test_trls_fused_head_patch_keeps_the_loop_and_accelerates_autocast_wrapper_does_not(model_tok):
     """GRPOTrainer patches every policy's forward with TRL's fused LM head (an instance ``forward``); that patch
-    computes the same logits, so the loop stays; accelerate's mixed-precision wrapper (``_original_forward``) and
-    unknown wrappers keep ``generate``."""
+    computes the same logits, so the loop stays; accelerate's mixed-precision wrapper (``_original_forward``) keeps
+    ``generate`` unless the caller runs the loop in a bf16 autocast region; unknown wrappers keep ``generate``."""
     import functools
     import types
 
@@ -221,8 +221,31 @@ def test_trls_fused_head_patch_keeps_the_loop_and_accelerates_autocast_wrapper_d
     model._original_forward = model.forward  # what accelerate's prepare_model does under native AMP
     model.forward = types.MethodType(functools.partial(type(model).forward), model)
     assert not decode_supported(model, ids, config)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the caller's region of the wrapper's own autocast
+        assert decode_supported(model, ids, config)
+    with torch.autocast("cpu", dtype=torch.float16):  # only bf16 autocast is decoded by the loop
+        assert not decode_supported(model, ids, config)
     del model._original_forward
     assert not decode_supported(model, ids, config)  # some other wrapper of forward: keep generate
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_under_bf16_autocast_greedy_tokens_equal_generate_under_autocast(model_tok, group_size):
+    """In the caller's bf16 autocast region the loop computes as ``generate`` does there (bf16 matrix products,
+    keys and values rounded to bf16 as its sdpa rounds them, bf16 logits scored in float32): the same greedy tokens,
+    which differ from float32's (bf16 rounding changes some of them, so running the loop in float32 fails this)."""
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=3)
+    config = _greedy_config(tok, None)
+    with torch.no_grad():
+        float32 = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ref = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert decode_supported(model, ids, config)
+        out = grouped_decode(model, ids, mask, group_size=group_size, generation_config=config)
+    assert not torch.equal(ref, float32)
+    assert torch.equal(out, ref)
 
 
 def test_shared_prompt_attention_matches_each_row_attending_its_own_copy(model_tok):

@@ -562,9 +562,11 @@ def test_loss_and_gradient_with_an_unscored_sample_equal_those_without_it(loss_m
     assert torch.equal(grad_all[2], torch.zeros(t, dtype=torch.float64))
 
 
-def test_rollouts_on_cpu_take_klears_decode_loop(tmp_path, tiny_model, monkeypatch):
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16-autocast"])
+def test_rollouts_on_cpu_take_klears_decode_loop(tmp_path, tiny_model, monkeypatch, bf16):
     """The trainer's transformers rollout decodes with klear.generation.decode.grouped_decode on a CPU with one
-    process (TRL's fused-LM-head patch of the policy's forward once sent every rollout back to ``generate``)."""
+    process (TRL's fused-LM-head patch of the policy's forward once sent every rollout back to ``generate``); under
+    bf16 mixed precision (accelerate wraps the policy's forward in bf16 autocast) inside one bf16 autocast region."""
     import klear.generation.decode as decode
 
     model, tok = tiny_model
@@ -572,7 +574,8 @@ def test_rollouts_on_cpu_take_klears_decode_loop(tmp_path, tiny_model, monkeypat
     loop = decode.grouped_decode
 
     def counted(model, input_ids, *args, **kw):
-        calls.append(tuple(input_ids.shape))
+        under = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")
+        calls.append((input_ids.shape[0], under))
         return loop(model, input_ids, *args, **kw)
 
     monkeypatch.setattr(decode, "grouped_decode", counted)
@@ -580,12 +583,13 @@ def test_rollouts_on_cpu_take_klears_decode_loop(tmp_path, tiny_model, monkeypat
     trainer = GPPOTrainer(
         model=model,
         reward_funcs=_reward_table(table),
-        args=_config(tmp_path, max_steps=1, bf16=False),  # float32, as `klear rl` runs on a CPU
+        args=_config(tmp_path, max_steps=1, bf16=bf16),  # float32, as `klear rl` runs on a CPU by default
         train_dataset=_dataset(4),
         processing_class=tok,
     )
     trainer.train()
-    assert len(calls) == 1 and calls[0][0] == 16  # one rollout batch: 4 prompts x 4 generations
+    assert "_original_forward" in vars(trainer.model) if bf16 else True  # accelerate's autocast wrapper
+    assert calls == [(16, torch.bfloat16 if bf16 else False)]  # one rollout batch: 4 prompts x 4 generations
 
 
 @pytest.mark.parametrize("source", ["rollout", "recompute"])
@@ -649,6 +653,8 @@ def test_old_log_prob_source_is_validated(tmp_path, capsys, tiny_model):
         _config(tmp_path, old_log_prob_source="sampler")
     with pytest.raises(ValueError, match="no old entropies, which loss_mode='gppo_erc' needs"):
         _config(tmp_path, old_log_prob_source="rollout", loss_mode="gppo_erc")
+    with pytest.raises(ValueError, match="'rollout' with bf16/fp16 mixed precision"):
+        _config(tmp_path, old_log_prob_source="rollout", bf16=True)
     with pytest.raises(ValueError, match=r"generation_kwargs overriding \['temperature'\]"):
         _config(tmp_path, old_log_prob_source="rollout", generation_kwargs={"temperature": 0.5})
     model, tok = tiny_model
@@ -656,7 +662,7 @@ def test_old_log_prob_source_is_validated(tmp_path, capsys, tiny_model):
         GPPOTrainer(
             model=model,
             reward_funcs=_reward_table({"p0": [1.0]}),
-            args=_config(tmp_path, old_log_prob_source="rollout"),
+            args=_config(tmp_path, old_log_prob_source="rollout", bf16=False),
             train_dataset=_dataset(4),
             processing_class=tok,
             rollout_func=lambda prompts, trainer: {},

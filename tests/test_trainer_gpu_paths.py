@@ -4,6 +4,7 @@ processes when the parameters are sharded during generation."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -185,6 +186,9 @@ class _TwoRanks:
 
     def unwrap_model(self, model):
         return model
+
+    def autocast(self):  # Accelerator.autocast without mixed precision
+        return contextlib.nullcontext()
 
 
 @pytest.mark.parametrize("other_can_group, grouped", [(True, True), (False, False)])

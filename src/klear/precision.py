@@ -10,9 +10,9 @@ On a CPU ``bf16: auto`` is float32. An explicit ``bf16: true`` (bf16 autocast ov
 GPU) is allowed on a CPU with native bf16 matmul, i.e. AMX (``amx_bf16`` in ``/proc/cpuinfo``: Intel Xeon
 Sapphire Rapids and newer), where the model's matmul-heavy phases run 3-9x faster than in float32
 (``benchmarks/roofline.py``). Without AMX (e.g. AMD EPYC) CPU bf16 is emulated and slow (3.5x slower per RL
-step measured), so it is refused. It stays opt-in: on an AMX CPU the whole ``make demo`` in bf16 kept its held-out
-gain but took 1.40x longer than in float32, because sampling and evaluation then run in ``generate`` under
-autocast instead of klear's float32 decode loop (docs/performance.md, with the first-step on-policy ratio).
+step measured), so it is refused. It stays opt-in: on an AMX CPU the whole ``make demo`` in bf16 (sampling and
+evaluation through klear's decode loop in bf16 autocast) kept its held-out gain and ran 1.17x faster than in
+float32 over 3 seeds, within their spread (docs/performance.md, with the first-step on-policy ratio).
 
 An explicit ``bf16: true`` without a CUDA GPU of capability >= 8.0 (the message names the GPU and its
 capability) or an AMX CPU, or ``fp16: true`` without a CUDA GPU, is an error raised before any model loads.

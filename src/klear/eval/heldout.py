@@ -196,8 +196,9 @@ def generate(
 
     Each prompt (a list of ``{"role", "content"}`` messages, or a plain string treated as one
     user message) is rendered with the tokenizer's chat template (``add_generation_prompt=True``),
-    batched with LEFT padding, and sampled under ``torch.no_grad()`` in eval mode (on a CPU in
-    float32 by klear's decode loop, :mod:`klear.generation.decode`; else ``model.generate``).
+    batched with LEFT padding, and sampled under ``torch.no_grad()`` in eval mode (on a CPU, in
+    float32 or in a bf16 autocast region, by klear's decode loop, :mod:`klear.generation.decode`; else
+    ``model.generate``).
     Prompts are batched in order of length (less padding) and the results are returned in the
     input order. Only the new tokens are decoded, with ``skip_special_tokens=True``. Greedy
     decoding (the default) is :func:`greedy_generate`.

@@ -34,6 +34,14 @@ prefill) vs this loop 478 (571), 1.69x (1.77x); with natural lengths (rows end a
 Xeon with AMX, load average 0.6-1.7, forced to 32 tokens): ``generate`` 212 tok/s, the loop with a prompt copy per
 row 337, with shared prompts 375 (1.11x the former, 1.77x ``generate``; docs/performance.md).
 
+Precision: float32 weights, computed in float32, or in the caller's bf16 autocast region (``torch.autocast("cpu",
+dtype=torch.bfloat16)``, as ``trainer.bf16: true`` runs on an AMX CPU; the trainer enters it around each rollout). There
+the loop computes what ``generate`` computes under the same autocast (bf16 matrix products, the keys and values
+rounded to bf16 as autocast's ``sdpa`` rounds them, so they are stored in bf16; bf16 logits, scored in float32) with
+each weight cast to bf16 once per region instead of once per forward (autocast's cast cache), and without shared
+prompts. accelerate's mixed-precision wrapper of ``forward`` is accepted inside such a region (it enters the same
+autocast again).
+
 Only for decoder-only models whose attention is plain full causal attention over ``sdpa`` (Llama, Qwen2 without a
 sliding window, Qwen3, Mistral without a sliding window), on a CPU, and for generation settings whose logits
 processors and stopping criteria are among those handled here (temperature, top-k, top-p, minimum length; max
@@ -119,7 +127,7 @@ class _State:
     still decoding, times ``G``, plus its place in the group); None while the grid is the batch itself.
     """
 
-    def __init__(self, layers: int, rows: int, capacity: int, group: int, prompt_bias=None) -> None:
+    def __init__(self, layers: int, rows: int, capacity: int, group: int, prompt_bias=None, kv_dtype=None) -> None:
         self.keys: list[Any] = [None] * layers
         self.values: list[Any] = [None] * layers
         self.prompt_keys: list[Any] = [None] * layers
@@ -132,6 +140,7 @@ class _State:
         self.pos = 0  # the position of the current forward's first key (prompt, then new tokens)
         self.offset = 0  # the position of the buffers' first entry (shared prompts: the first new token's)
         self.prefill = True
+        self.kv_dtype = kv_dtype  # None: the keys' and values' own dtype; under autocast its dtype (what sdpa casts to)
 
     @property
     def shared(self) -> bool:
@@ -230,7 +239,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         else:
             if state.keys[i] is None:
                 shape = (state.rows, key.shape[1], state.capacity, key.shape[3])
-                state.keys[i], state.values[i] = key.new_empty(shape), value.new_empty(shape)
+                state.keys[i] = key.new_empty(shape, dtype=state.kv_dtype or key.dtype)
+                state.values[i] = value.new_empty(shape, dtype=state.kv_dtype or value.dtype)
             for buf, new in ((state.keys[i], key), (state.values[i], value)):
                 view = buf.view(key.shape[0], state.group, *buf.shape[1:])
                 view[:, :, :, state.pos : state.pos + length].copy_(new[:, None])
@@ -274,15 +284,18 @@ def _attention_implementation(model):
         config._attn_implementation = old
 
 
-def _forward_wrapped(model) -> bool:
+def _forward_wrapped(model, under_autocast: bool) -> bool:
     """Whether ``model.forward`` is wrapped by something that may change the computation (accelerate's
-    mixed-precision autocast, an unknown wrapper): then ``generate`` keeps the decoding.
+    mixed-precision autocast outside an autocast region of the caller, an unknown wrapper): then ``generate`` keeps
+    the decoding.
 
     Not a wrapper in this sense: TRL's fused-LM-head patch (``trl.trainer.utils.add_fused_lm_head``, applied by
     ``GRPOTrainer``), an instance ``forward`` made with ``functools.wraps(type(model).forward)`` that calls the original
-    forward unchanged unless ``fused_lm_head=True`` is passed (which the decode loop never does)."""
+    forward unchanged unless ``fused_lm_head=True`` is passed (which the decode loop never does); and, inside the
+    caller's bf16 autocast region (``under_autocast``), accelerate's wrapper, which enters that same autocast again
+    (a no-op when nested) and returns float32 outputs."""
     if "_original_forward" in vars(model):  # accelerate keeps the unwrapped forward here when it wraps one
-        return True
+        return not under_autocast
     forward = vars(model).get("forward")
     if forward is None:
         return False
@@ -294,14 +307,16 @@ def _plan(model, input_ids, generation_config, kwargs):
     """``(config, processors, max_new, eos, pad)`` when :func:`grouped_decode` can run this generation, else None."""
     import torch
 
+    under_autocast = torch.is_autocast_enabled("cpu")
     if (
         kwargs
         or input_ids.device.type != "cpu"
-        or torch.is_autocast_enabled("cpu")
+        or under_autocast
+        and torch.get_autocast_dtype("cpu") != torch.bfloat16
         or any(p.dtype != torch.float32 for p in model.parameters())
-        or _forward_wrapped(model)
+        or _forward_wrapped(model, under_autocast)
     ):
-        return None  # float32 weights only (under bf16 / autocast the attention's inputs come in mixed dtypes)
+        return None  # float32 weights, computed in float32 or under the caller's bf16 autocast
     config = getattr(model, "config", None)  # None: not a transformers model
     if (
         getattr(config, "model_type", None) not in _MODEL_TYPES
@@ -398,11 +413,14 @@ def grouped_decode(
     mask = attention_mask.bool()
     uniq_ids, uniq_mask = input_ids[::group_size], mask[::group_size]
     eos = torch.tensor(eos_list, dtype=torch.long, device=device)
+    # under the caller's bf16 autocast: keys and values kept in bf16 (what its sdpa casts them to); autocast caches
+    # each weight's bf16 copy while its region lasts (the whole call when the caller's region spans it)
+    kv_dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
     prompt_bias = None
-    if group_size > 1 and length >= SHARED_PROMPT_MIN_LENGTH * max_new:  # shared prompts, their padding masked
+    if kv_dtype is None and group_size > 1 and length >= SHARED_PROMPT_MIN_LENGTH * max_new:  # shared prompts
         prompt_bias = torch.zeros((len(uniq_ids), 1, 1, length), dtype=torch.float32, device=device)
         prompt_bias.masked_fill_(~uniq_mask[:, None, None, :], -float("inf"))
-    state = _State(model.config.num_hidden_layers, n, length + max_new - 1, group_size, prompt_bias)
+    state = _State(model.config.num_hidden_layers, n, length + max_new - 1, group_size, prompt_bias, kv_dtype)
     # the attention mask over all buffer positions (prompt, then one column per generated token)
     key_mask = torch.zeros((n, 1, 1, state.capacity), dtype=torch.bool, device=device)
     key_mask[:, 0, 0, :length] = mask
@@ -472,7 +490,10 @@ def grouped_decode(
                     use_cache=False,
                     klear_decode_state=state,
                 ).last_hidden_state[:, -1]
-                logits = torch.mm(hidden, head.weight.t(), out=logits_buf[: len(rows)])
+                if kv_dtype is None:
+                    logits = torch.mm(hidden, head.weight.t(), out=logits_buf[: len(rows)])
+                else:  # the head under autocast (bf16 logits, as generate's), scored in float32 as generate does
+                    logits = logits_buf[: len(rows)].copy_(torch.nn.functional.linear(hidden, head.weight))
                 state.advance()
                 next_pos = next_pos + 1
     finally:

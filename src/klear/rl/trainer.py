@@ -130,9 +130,9 @@ class GPPOConfig(GRPOConfig):
             out-of-range ``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``/``alpha``/``beta1``/
             ``beta2``/``erc_low``/``erc_high``, a mode-specific setting away from its default for a mode that
             does not use it), an unknown ``zero_adv_criterion``, an unknown ``old_log_prob_source`` or ``'rollout'``
-            with settings it cannot serve (``use_vllm``, a loss mode needing old entropies, ``generation_kwargs``
-            overriding ``temperature``/``eos_token_id``), or a TRL option this trainer does not support (see the
-            module docstring).
+            with settings it cannot serve (``use_vllm``, bf16/fp16, a loss mode needing old entropies,
+            ``generation_kwargs`` overriding ``temperature``/``eos_token_id``), or a TRL option this trainer does not
+            support (see the module docstring).
     """
 
     loss_mode: str = field(default="gppo", metadata={"help": f"Policy loss: one of {LOSS_MODES}."})
@@ -236,7 +236,13 @@ class GPPOConfig(GRPOConfig):
         self.epsilon = self.clip_ratio_low
         self.epsilon_high = self.clip_ratio_high
         self.loss_type = "dapo"  # only TRL-side bookkeeping; the loss is ours
-        super().__post_init__()
+        super().__post_init__()  # resolves bf16 (None: True unless fp16)
+        if self.old_log_prob_source == "rollout" and (self.bf16 or self.fp16):  # measured: docs/rl.md
+            raise ValueError(
+                "GPPOConfig.old_log_prob_source='rollout' with bf16/fp16 mixed precision: the half-precision decode's "
+                "log-probs are not the training forward's (first-step ratios up to 1.36 measured, past the clip "
+                "range); use 'recompute'"
+            )
         if isinstance(self.gradient_checkpointing_kwargs, str):  # JSON object text was parsed by TrainingArguments
             raise ValueError(
                 f"GPPOConfig.gradient_checkpointing_kwargs must be a dict or JSON object text, "
@@ -628,6 +634,9 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             group_size=num_generations,
             agree=self._prefill_agreement(),
             log_probs=sink,
+            # on a CPU the rollout runs in one autocast region (bf16 mixed precision: the decode loop, weights cast
+            # once per rollout); the GPU path keeps the model's own per-forward autocast
+            autocast=self.accelerator.autocast if self.accelerator.device.type == "cpu" else None,
         )
         try:
             completion_ids, logprobs = super()._generate_single_turn(*args)
@@ -640,7 +649,7 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             self._klear_warned_recompute = True
             logger.warning(
                 "old_log_prob_source='rollout': transformers' generate sampled this rollout (klear's CPU decode loop "
-                "runs on a CPU, in one process, in float32), so old_log_prob is recomputed"
+                "runs on a CPU, in one process, in float32 or bf16 autocast), so old_log_prob is recomputed"
             )
         return completion_ids, logprobs
 
