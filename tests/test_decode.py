@@ -236,14 +236,20 @@ def test_under_bf16_autocast_greedy_tokens_equal_generate_under_autocast(model_t
     which differ from float32's (bf16 rounding changes some of them, so running the loop in float32 fails this)."""
     model, tok = model_tok
     ids, mask = _batch(tok, group_size=3)
-    config = _greedy_config(tok, None)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        free = model.generate(input_ids=ids, attention_mask=mask, generation_config=_greedy_config(tok, None))
+    new = free[:, ids.shape[1] :]
+    eos = sorted({int(new[0, 2]), int(new[3, 6])})  # rows end at different steps: finished rows leave the batch
+    config = _greedy_config(tok, eos)
     with torch.no_grad():
         float32 = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             ref = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert decode_supported(model, ids, config)
-        out = grouped_decode(model, ids, mask, group_size=group_size, generation_config=config)
+        out = grouped_decode(model, ids, mask, group_size=group_size, generation_config=config, compact=0.1)
+    ended = torch.isin(ref[:, ids.shape[1] :], torch.tensor(eos)).any(1)
+    assert 0 < int(ended.sum()) < len(ref)
     assert not torch.equal(ref, float32)
     assert torch.equal(out, ref)
 

@@ -393,7 +393,8 @@ def grouped_decode(
         compact: finished rows leave the batch once they are at least this fraction of it.
         log_probs: also return each new token's log-probability under ``log_softmax(logits / temperature)`` (the
             generation config's temperature; before top-k, top-p and minimum-length masking): the sampling policy's
-            per-token log-prob as the trainer's log-prob pass computes it (``old_log_prob``), from the same forward.
+            per-token log-prob as the trainer's log-prob pass computes it (``old_log_prob``), from the same forward
+            (in float32; under bf16 autocast the KV-cached decode rounds differently from a full forward).
 
     Returns:
         ``(N, L + T)`` token ids: the prompts, then each row's new tokens, ``pad_token_id`` after its end-of-sequence

@@ -1,11 +1,11 @@
 """The one transformers sampling loop of klear's evaluations: the held-out evaluator's sampled path
 (:func:`klear.eval.heldout.generate`) and ``klear eval``'s HF backend (:class:`klear.eval.backends.HFBackend`).
 
-Each batch goes through :func:`klear.generation.prefill.grouped_prefill_generate`: on a CPU in float32, with one
-process and no extra logits processors (the held-out evaluator), klear's decode loop decodes it
-(:mod:`klear.generation.decode`); otherwise (``klear eval``'s processors, a GPU) ``model.generate``. Greedy held-out
-decoding has its own faster loop (:func:`klear.eval.heldout.greedy_generate`: finished rows leave the batch); the
-RL rollouts are TRL's.
+Each batch goes through :func:`klear.generation.prefill.grouped_prefill_generate`: on a CPU (in float32, or in a bf16
+autocast region), with one process and no extra logits processors (the held-out evaluator), klear's decode loop
+decodes it (:mod:`klear.generation.decode`); otherwise (``klear eval``'s processors, a GPU) ``model.generate``.
+Greedy held-out decoding has its own faster loop (:func:`klear.eval.heldout.greedy_generate`: finished rows leave the
+batch); the RL rollouts are TRL's.
 """
 
 from __future__ import annotations

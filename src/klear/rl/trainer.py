@@ -130,7 +130,7 @@ class GPPOConfig(GRPOConfig):
             out-of-range ``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``/``alpha``/``beta1``/
             ``beta2``/``erc_low``/``erc_high``, a mode-specific setting away from its default for a mode that
             does not use it), an unknown ``zero_adv_criterion``, an unknown ``old_log_prob_source`` or ``'rollout'``
-            with settings it cannot serve (``use_vllm``, bf16/fp16, a loss mode needing old entropies,
+            with settings it cannot serve (``use_vllm``, a loss mode needing old entropies,
             ``generation_kwargs`` overriding ``temperature``/``eos_token_id``), or a TRL option this trainer does not
             support (see the module docstring).
     """
@@ -168,7 +168,7 @@ class GPPOConfig(GRPOConfig):
         metadata={
             "help": "Where old_log_prob comes from: 'recompute' (a log-prob pass over each fresh rollout batch, as TRL "
             "and verl) or 'rollout' (the sampling log-probs of klear's CPU decode loop, from the forward that sampled "
-            "the token; no extra pass; recomputed where that loop does not decode)."
+            "the token; no extra pass; recomputed where that loop does not decode in float32)."
         },
     )
     share_prompt_forward: bool | None = field(
@@ -236,13 +236,7 @@ class GPPOConfig(GRPOConfig):
         self.epsilon = self.clip_ratio_low
         self.epsilon_high = self.clip_ratio_high
         self.loss_type = "dapo"  # only TRL-side bookkeeping; the loss is ours
-        super().__post_init__()  # resolves bf16 (None: True unless fp16)
-        if self.old_log_prob_source == "rollout" and (self.bf16 or self.fp16):  # measured: docs/rl.md
-            raise ValueError(
-                "GPPOConfig.old_log_prob_source='rollout' with bf16/fp16 mixed precision: the half-precision decode's "
-                "log-probs are not the training forward's (first-step ratios up to 1.36 measured, past the clip "
-                "range); use 'recompute'"
-            )
+        super().__post_init__()
         if isinstance(self.gradient_checkpointing_kwargs, str):  # JSON object text was parsed by TrainingArguments
             raise ValueError(
                 f"GPPOConfig.gradient_checkpointing_kwargs must be a dict or JSON object text, "
@@ -626,7 +620,9 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         from klear.generation.prefill import grouped_prefill_generate
 
         model = self.accelerator.unwrap_model(self.model_wrapped)
-        sink: list[torch.Tensor] | None = [] if self.args.old_log_prob_source == "rollout" else None
+        rollout = self.args.old_log_prob_source == "rollout"
+        # only float32 sampling log-probs are the training forward's (bf16: off by up to 0.31, docs/rl.md)
+        sink: list[torch.Tensor] | None = [] if rollout and self.accelerator.mixed_precision == "no" else None
         model.generate = functools.partial(
             grouped_prefill_generate,
             model,
@@ -645,11 +641,12 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
         if sink:  # klear's loop decoded: its (N, T) log-probs, cut as TRL cut each row (after its first stop token)
             rows = sink[0].tolist()
             logprobs = [row[: len(ids)] for row, ids in zip(rows, completion_ids, strict=True)]
-        elif sink is not None and self.model.training and not getattr(self, "_klear_warned_recompute", False):
+        elif rollout and self.model.training and not getattr(self, "_klear_warned_recompute", False):
             self._klear_warned_recompute = True
             logger.warning(
-                "old_log_prob_source='rollout': transformers' generate sampled this rollout (klear's CPU decode loop "
-                "runs on a CPU, in one process, in float32 or bf16 autocast), so old_log_prob is recomputed"
+                "old_log_prob_source='rollout': klear's CPU decode loop did not sample this rollout in float32 (it "
+                "does on a CPU, in one process, without mixed precision; bf16 sampling log-probs are not the training "
+                "forward's), so old_log_prob is recomputed"
             )
         return completion_ids, logprobs
 
