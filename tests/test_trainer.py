@@ -583,12 +583,12 @@ def test_rollouts_on_cpu_take_klears_decode_loop(tmp_path, tiny_model, monkeypat
     trainer = GPPOTrainer(
         model=model,
         reward_funcs=_reward_table(table),
-        args=_config(tmp_path, max_steps=1, bf16=bf16),  # float32, as `klear rl` runs on a CPU by default
+        args=_config(tmp_path, max_steps=1, bf16=bf16),  # `klear rl` on a CPU: float32 unless bf16 on AMX
         train_dataset=_dataset(4),
         processing_class=tok,
     )
     trainer.train()
-    assert "_original_forward" in vars(trainer.model) if bf16 else True  # accelerate's autocast wrapper
+    assert ("_original_forward" in vars(trainer.model)) == bf16  # accelerate's autocast wrapper
     assert calls == [(16, torch.bfloat16 if bf16 else False)]  # one rollout batch: 4 prompts x 4 generations
 
 
