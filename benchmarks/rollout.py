@@ -87,7 +87,6 @@ def hf_generate(
     temperature: float,
     fast_decode: bool = False,
     natural: bool = False,
-    autocast=None,
 ) -> int:
     """One ``generate`` call on all rows (left-padded), prefilled once per group; returns the tokens generated
     (up to and including each row's end-of-sequence token). ``fast_decode``: klear's CPU decode loop instead of
@@ -119,7 +118,6 @@ def hf_generate(
             group_size=group,
             generation_config=config,
             fast_decode=fast_decode,
-            autocast=autocast,
         )
     new = out[:, width:]
     if not natural:
@@ -174,22 +172,15 @@ def compare_decode(args) -> None:
             for name in names if r % 2 == 0 else names[::-1]:
                 fast = not name.startswith("generate")
                 bf16 = name.endswith("-bf16")
-                region = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 and fast else None
-                with _loop(loops.get(name)), _per_forward_autocast(model, bf16 and not fast):
+                # the loop in one bf16 autocast region, as the trainer runs a rollout there
+                region = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 and fast else contextlib.nullcontext()
+                with _loop(loops.get(name)), _per_forward_autocast(model, bf16 and not fast), region:
                     t0 = time.perf_counter()
-                    hf_generate(model, tok, prompt_ids, group, 1, temperature, fast_decode=fast, autocast=region)
+                    hf_generate(model, tok, prompt_ids, group, 1, temperature, fast_decode=fast)
                     times[f"prefill_{name}"].append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     n = hf_generate(
-                        model,
-                        tok,
-                        prompt_ids,
-                        group,
-                        tokens,
-                        temperature,
-                        fast_decode=fast,
-                        natural=args.natural,
-                        autocast=region,
+                        model, tok, prompt_ids, group, tokens, temperature, fast_decode=fast, natural=args.natural
                     )
                     times[name].append(time.perf_counter() - t0)
                 counts[name].append(n)

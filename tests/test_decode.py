@@ -49,15 +49,19 @@ def _greedy_config(tok, eos, **kw):
     return GenerationConfig(max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=eos, **kw)
 
 
+def _staggered_eos(model, tok, ids, mask):
+    """End-of-sequence tokens the greedy continuations emit at different steps, so rows end at different times."""
+    with torch.no_grad():
+        free = model.generate(input_ids=ids, attention_mask=mask, generation_config=_greedy_config(tok, None))
+    new = free[:, ids.shape[1] :]
+    return sorted({int(new[0, 2]), int(new[3, 6])})
+
+
 @pytest.mark.parametrize("min_new_tokens", [None, 5])
 def test_greedy_tokens_equal_generate_with_rows_ending_early(model_tok, min_new_tokens):
     model, tok = model_tok
     ids, mask = _batch(tok, group_size=3)
-    # end-of-sequence tokens: ones the greedy continuations emit at different steps, so rows end at different times
-    with torch.no_grad():
-        free = model.generate(input_ids=ids, attention_mask=mask, generation_config=_greedy_config(tok, None))
-    new = free[:, ids.shape[1] :]
-    eos = sorted({int(new[0, 2]), int(new[3, 6])})
+    eos = _staggered_eos(model, tok, ids, mask)
     config = _greedy_config(tok, eos, min_new_tokens=min_new_tokens)
     assert decode_supported(model, ids, config)
     with torch.no_grad():
@@ -236,10 +240,8 @@ def test_under_bf16_autocast_greedy_tokens_equal_generate_under_autocast(model_t
     which differ from float32's (bf16 rounding changes some of them, so running the loop in float32 fails this)."""
     model, tok = model_tok
     ids, mask = _batch(tok, group_size=3)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        free = model.generate(input_ids=ids, attention_mask=mask, generation_config=_greedy_config(tok, None))
-    new = free[:, ids.shape[1] :]
-    eos = sorted({int(new[0, 2]), int(new[3, 6])})  # rows end at different steps: finished rows leave the batch
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eos = _staggered_eos(model, tok, ids, mask)  # finished rows leave the batch
     config = _greedy_config(tok, eos)
     with torch.no_grad():
         float32 = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)

@@ -41,7 +41,6 @@ def grouped_prefill_generate(
     agree: Callable[[bool], bool] | None = None,
     fast_decode: bool = True,
     log_probs: list | None = None,
-    autocast: Callable[[], Any] | None = None,
     **kwargs: Any,
 ):
     """``generate(input_ids, attention_mask, ...)`` with the prompt prefilled once per group of identical rows.
@@ -66,9 +65,6 @@ def grouped_prefill_generate(
         log_probs: a list that receives the ``(N, T)`` float32 log-probabilities of the new tokens when klear's loop
             decodes (:func:`klear.generation.decode.grouped_decode`'s ``log_probs``); left empty when ``generate``
             does.
-        autocast: a context-manager factory the whole call runs in (the trainer's ``accelerator.autocast`` on a
-            CPU): under bf16 mixed precision the decode loop then computes as ``generate`` under the model's
-            autocast wrapper, with each weight cast to bf16 once per call instead of once per forward.
 
     Returns:
         What ``generate`` returns (``(N, L + new)`` token ids).
@@ -80,20 +76,6 @@ def grouped_prefill_generate(
     import torch
     from transformers import DynamicCache
 
-    if autocast is not None:
-        with autocast():
-            return grouped_prefill_generate(
-                model,
-                generate,
-                input_ids,
-                attention_mask,
-                group_size=group_size,
-                generation_config=generation_config,
-                agree=agree,
-                fast_decode=fast_decode,
-                log_probs=log_probs,
-                **kwargs,
-            )
     n, length = input_ids.shape
     special = length < 2 or kwargs or getattr(generation_config, "cache_implementation", None)
     plain = group_size < 2 or n % group_size or special

@@ -85,6 +85,7 @@ those of the sampling distribution, so the first update's ratio would not be 1),
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -630,12 +631,13 @@ class GPPOTrainer(LifecycleMixin, GRPOTrainer):
             group_size=num_generations,
             agree=self._prefill_agreement(),
             log_probs=sink,
-            # on a CPU the rollout runs in one autocast region (bf16 mixed precision: the decode loop, weights cast
-            # once per rollout); the GPU path keeps the model's own per-forward autocast
-            autocast=self.accelerator.autocast if self.accelerator.device.type == "cpu" else None,
         )
+        # on a CPU the rollout runs in one autocast region (bf16 mixed precision: klear's decode loop, each weight cast
+        # once per rollout); the GPU path keeps the model's own per-forward autocast
+        region = self.accelerator.autocast() if self.accelerator.device.type == "cpu" else contextlib.nullcontext()
         try:
-            completion_ids, logprobs = super()._generate_single_turn(*args)
+            with region:
+                completion_ids, logprobs = super()._generate_single_turn(*args)
         finally:
             del model.generate  # the class's generate again
         if sink:  # klear's loop decoded: its (N, T) log-probs, cut as TRL cut each row (after its first stop token)
