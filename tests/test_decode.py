@@ -8,11 +8,14 @@ different RNG stream than ``torch.multinomial``.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from scipy import stats
 from transformers import GenerationConfig
 
+from klear.generation import decode
 from klear.generation.decode import decode_supported, grouped_decode, sample_from_scores
 from klear.generation.prefill import grouped_prefill_generate
 
@@ -132,26 +135,56 @@ def _chi_square_p(counts, probs):
     return stats.chisquare(counts[keep], expected[keep]).pvalue
 
 
-def test_sampler_draws_softmax():
+@pytest.mark.parametrize("block", [256, 8, 5])
+def test_sampler_draws_softmax(block, monkeypatch):
+    """Token frequencies against softmax(scores) in float64, with one block (50 tokens) and with the two-level search
+    over blocks of 8 (the last one padded) and of 5."""
+    monkeypatch.setattr(decode, "SAMPLE_BLOCK", block)
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(6, 50, generator=gen) * 2
     scores[:, ::7] = -float("inf")  # impossible tokens (top-k / top-p masks, minimum length)
+    scores[1, 8:16] = -float("inf")  # a whole block of 8 impossible
     probs = torch.softmax(scores.double(), -1)
     counts = torch.zeros(6, 50, dtype=torch.float64)
-    for _ in range(400):
-        token = sample_from_scores(scores.clone(), inplace=True, generator=gen)
-        counts[torch.arange(6), token] += 1
-    # the same draws with a float64 workspace and without ``inplace`` keep ``scores``
     kept = scores.clone()
-    sample_from_scores(kept, cdf=torch.empty(6, 50, dtype=torch.float64))
-    assert torch.equal(kept, scores)
+    width = -(-50 // min(block, 50)) * min(block, 50)
+    workspace = torch.empty(6, width)
+    for _ in range(600):
+        token = sample_from_scores(scores, workspace=workspace, generator=gen)
+        counts[torch.arange(6), token] += 1
+    assert torch.equal(kept, scores)  # scores left as they are
     pooled = _chi_square_p(counts.flatten(), probs.flatten() / 6)
     assert pooled > 1e-3
     assert min(_chi_square_p(counts[r], probs[r]) for r in range(6)) > 1e-4
-    # a row whose mass sits on one token always draws it
-    one = torch.full((3, 50), -float("inf"))
-    one[:, 49] = 0.0
-    assert sample_from_scores(one).tolist() == [49, 49, 49]
+    # a row whose mass sits on one token always draws it, wherever it sits in its block
+    for last in (49, 0, 40):
+        one = torch.full((3, 50), -float("inf"))
+        one[:, last] = 0.0
+        assert sample_from_scores(one).tolist() == [last] * 3
+    with pytest.raises(ValueError, match="workspace must be float32"):
+        sample_from_scores(scores, workspace=torch.empty(6, 50, dtype=torch.float64))
+    for bad in (float("nan"), float("inf")):
+        broken = scores.clone()
+        broken[4, 3] = bad
+        with pytest.raises(ValueError, match="row 4's scores hold NaN"):
+            sample_from_scores(broken)
+    broken = scores.clone()
+    broken[2] = -float("inf")
+    with pytest.raises(ValueError, match="row 2's .* every token is -inf"):
+        sample_from_scores(broken)
+
+
+def test_sampler_stays_in_the_block_when_its_float32_sum_rounds_up(monkeypatch):
+    """A block whose float32 sum exceeds its float64 cumulative weight (1 + 1.1 * 2**-24 rounds up to 1 + 2**-23),
+    and a variate in that gap (u just below the total): the draw is still the block's last possible token, not the
+    position past the block (token 16, out of the vocabulary)."""
+    monkeypatch.setattr(decode, "SAMPLE_BLOCK", 8)
+    scores = torch.full((1, 16), -float("inf"))
+    scores[0, 8], scores[0, 9] = 0.0, math.log(2**-24 * 1.1)
+    weights = scores[0, 8:10].exp()
+    assert weights.sum().double() > weights.double().sum()  # the gap this test needs
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full(a[0], 1 - 1e-12, dtype=torch.float64))
+    assert sample_from_scores(scores).tolist() == [9]
 
 
 @pytest.mark.parametrize("top_k", [0, 6])
