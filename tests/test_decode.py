@@ -411,6 +411,8 @@ def test_rows_and_groups_leaving_in_turns_keep_their_prompts():
     bias[2, ..., :3] = -float("inf")
     state = _State(1, n, length + new, group, bias.clone())
     state.prompt_keys, state.prompt_values, state.keys, state.values = [pk], [pv], [k], [v]
+    state.start_decoding(length)
+    state.pos += new  # the buffers hold `new` tokens per row, as after `new` decode steps
     rows = torch.arange(n)
     for leaving in ([4, 5], [0, 1, 2], [9], [6, 7, 8]):  # part of group 1, all of group 0, part of 3, all of 2
         kept = torch.tensor([i for i, r in enumerate(rows.tolist()) if r not in leaving])
@@ -435,3 +437,93 @@ def test_rows_and_groups_leaving_in_turns_keep_their_prompts():
             ref = torch.softmax(q[r].double() @ keys.transpose(-1, -2) * dim**-0.5 + mask, -1) @ values
             assert torch.allclose(out[i].double(), ref, atol=1e-6), (leaving, r)
     assert rows.tolist() == [3, 10, 11]
+
+
+def test_inputs_the_loop_cannot_decode_raise_a_clear_error(model_tok):
+    """Rows that are not groups, a bad group size, a missing or misshapen mask and right padding are refused with
+    a ValueError naming the problem (before: a row's prompt silently replaced by its group's first, ZeroDivisionError,
+    AttributeError, or garbage)."""
+    model, tok = model_tok
+    ids, mask = _batch(tok, group_size=2)
+    config = _greedy_config(tok, tok.eos_token_id)
+    with pytest.raises(ValueError, match="not groups of group_size=2 identical prompts"):
+        grouped_decode(model, ids[[0, 2, 1, 3, 4, 5]], mask[[0, 2, 1, 3, 4, 5]], group_size=2, generation_config=config)
+    for size in (0, -2, 4):
+        with pytest.raises(ValueError, match=f"not groups of group_size={size}"):
+            grouped_decode(model, ids, mask, group_size=size, generation_config=config)
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        grouped_decode(model, ids, None, group_size=2, generation_config=config)
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        grouped_decode(model, ids, mask[:, 1:], group_size=2, generation_config=config)
+    assert not bool(mask[:, 0].all())  # some rows are padded
+    right_ids = torch.stack([torch.cat([r[m.bool()], r[~m.bool()]]) for r, m in zip(ids, mask)])
+    right_mask = mask.sort(dim=1, descending=True).values
+    with pytest.raises(ValueError, match="does not end with a prompt token"):
+        grouped_decode(model, right_ids, right_mask, group_size=2, generation_config=config)
+
+
+def test_without_max_new_tokens_generate_keeps_its_own_length_rules(model_tok):
+    """No ``max_new_tokens``: ``generate`` applies its defaults (20 new tokens when ``max_length`` is its default),
+    so the loop steps aside and ``grouped_prefill_generate`` returns what ``generate`` does (before: the loop ran
+    ``max_length - prompt length`` steps, a shorter output)."""
+    model, tok = model_tok
+    tok.padding_side = "left"
+    enc = tok(["word number", "word number", "one word more"], return_tensors="pt", padding=True)
+    ids, mask = enc["input_ids"][[0, 1, 2, 2]], enc["attention_mask"][[0, 1, 2, 2]]
+    assert ids.shape[1] < 20  # shorter than the default max_length, which generate then counts as new tokens
+    config = GenerationConfig(do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=None)
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    assert not decode_supported(model, ids, config)
+    with pytest.raises(ValueError, match="does not support"):
+        grouped_decode(model, ids, mask, group_size=2, generation_config=config)
+    out = grouped_prefill_generate(model, model.generate, ids, mask, group_size=2, generation_config=config)
+    assert out.shape == ref.shape and torch.equal(out, ref)
+
+
+def test_minimum_length_masks_only_end_of_sequence_ids_in_the_vocabulary():
+    """``_process``'s in-place minimum-length masking against transformers' processors themselves, with
+    end-of-sequence ids outside the vocabulary (negative, too large): they match no entry (before: a negative id
+    masked the token counted from the end, a large one raised IndexError)."""
+    from transformers.generation.logits_process import (
+        MinLengthLogitsProcessor,
+        MinNewTokensLengthLogitsProcessor,
+    )
+
+    from klear.generation.decode import _process
+
+    eos = [-3, 2, 500]
+    for processor in (MinLengthLogitsProcessor(9, eos), MinNewTokensLengthLogitsProcessor(4, 5, eos)):
+        scores = torch.randn(3, 50)
+        ref = processor(torch.zeros(3, 8, dtype=torch.long), scores.clone())
+        out = _process([processor], scores.clone(), 8, torch.tensor(eos), torch.zeros(1, 1, dtype=torch.long))
+        assert torch.equal(out, ref)
+        assert torch.isinf(out[:, 2]).all() and torch.isfinite(out[:, 47]).all()
+
+
+def test_compaction_copies_only_the_written_part_of_the_buffers(monkeypatch):
+    """``_State.select`` copies each kept row's written entries, not the buffers' whole capacity (which
+    ``max_new_tokens`` sets: 200 000 new tokens made every compaction copy gigabytes for a few written entries)."""
+    from klear.generation.decode import _State
+
+    rows, kv_heads, capacity, dim, length, written = 6, 2, 1000, 4, 5, 3
+    state = _State(1, rows, capacity, 1)
+    keys = torch.randn(rows, kv_heads, capacity, dim)
+    values = torch.randn(rows, kv_heads, capacity, dim)
+    state.keys, state.values = [keys], [values]
+    state.start_decoding(length)
+    state.pos += written  # prompt + 3 new tokens written
+    widths = []
+    select = torch.index_select
+
+    def spy(source, *args, **kwargs):
+        widths.append(source.shape[2])
+        return select(source, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "index_select", spy)
+    kept = torch.tensor([0, 2, 5])
+    state.select(kept, kept)
+    assert widths == [length + written] * 2
+    assert state.keys[0].shape == (3, kv_heads, capacity, dim)
+    assert torch.equal(state.keys[0][:, :, : length + written], keys[kept, :, : length + written])
+    assert torch.equal(state.values[0][:, :, : length + written], values[kept, :, : length + written])

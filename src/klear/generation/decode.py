@@ -24,8 +24,8 @@ max_new_tokens) x head_dim``), attended with ``scaled_dot_product_attention(enab
 ``generate``'s helpers), applied to the same scores; the one difference is how a token is drawn from the processed
 distribution: :func:`sample_from_scores` draws it by inverting the cumulative distribution (first over blocks of
 tokens, then within one) with one uniform variate per row, instead of ``torch.multinomial`` (one exponential variate
-per vocabulary entry). The sampled
-DISTRIBUTION is the same (``tests/test_decode.py`` tests it); the RNG stream, and so a seeded run's samples, differ.
+per vocabulary entry). The sampled DISTRIBUTION is the same (``tests/test_decode.py`` tests it); the RNG stream, and
+so a seeded run's samples, differ.
 Greedy decoding (``do_sample=False``) gives ``generate``'s tokens (up to the rounding of batched products).
 
 Measured (``benchmarks/rollout.py --mode hf-decode``, 2 CPU cores with AVX-512, load average 1.1-1.8, the demo's 16 x 8
@@ -46,8 +46,8 @@ accepted inside such a region (it enters the same autocast again).
 
 Only for decoder-only models whose attention is plain full causal attention over ``sdpa`` (Llama, Qwen2 without a
 sliding window, Qwen3, Mistral without a sliding window), on a CPU, and for generation settings whose logits
-processors and stopping criteria are among those handled here (temperature, top-k, top-p, minimum length; max
-length and end-of-sequence tokens); everything else keeps transformers' ``generate``
+processors and stopping criteria are among those handled here (temperature, top-k, top-p, minimum length;
+``max_new_tokens``, which must be set, and end-of-sequence tokens); everything else keeps transformers' ``generate``
 (:func:`klear.generation.prefill.grouped_prefill_generate` decides).
 """
 
@@ -130,6 +130,17 @@ def sample_from_scores(scores, *, workspace=None, generator=None):
     return (b * block + torch.searchsorted(inner, v, right=True)).squeeze(-1)
 
 
+def in_groups(input_ids, attention_mask, group_size: int) -> bool:
+    """Whether the ``(N, L)`` rows are groups of ``group_size`` identical prompts (rows ``g*G .. g*G+G-1`` the same
+    ids and mask); ``group_size`` 1: any rows. False for ``group_size`` < 1 or one that does not divide ``N``."""
+    n, length = input_ids.shape
+    if not isinstance(group_size, int) or group_size < 1 or n % group_size:
+        return False
+    ids = input_ids.reshape(n // group_size, group_size, length)
+    mask = attention_mask.reshape(n // group_size, group_size, length)
+    return bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all())
+
+
 def _process(processors, scores, length: int, eos, dummy):
     """transformers' logits processors on ``scores``: temperature and minimum length in place (the same arithmetic:
     ``scores / t``, end-of-sequence tokens set to ``-inf``), the others as transformers calls them."""
@@ -137,12 +148,12 @@ def _process(processors, scores, length: int, eos, dummy):
         name = type(p).__name__
         if name == "TemperatureLogitsWarper":
             scores.div_(p.temperature)
-        elif name == "MinLengthLogitsProcessor":
-            if length < p.min_length:
-                scores[:, p.eos_token_id] = -float("inf")
-        elif name == "MinNewTokensLengthLogitsProcessor":
-            if length - p.prompt_length_to_skip < p.min_new_tokens:
-                scores[:, p.eos_token_id] = -float("inf")
+        elif name in ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor"):
+            shortest = p.min_length if name == "MinLengthLogitsProcessor" else p.min_new_tokens
+            if length - getattr(p, "prompt_length_to_skip", 0) < shortest:
+                eos = p.eos_token_id
+                # transformers masks the vocabulary entries equal to an end-of-sequence id: ids outside it match none
+                scores[:, eos[(eos >= 0) & (eos < scores.shape[1])]] = -float("inf")
         else:
             scores = p(dummy.expand(scores.shape[0], length), scores)
     return scores
@@ -196,8 +207,15 @@ class _State:
         (row ``r`` is in group ``r // G``). Shared prompts: only the groups with a row left keep their prompt."""
         import torch
 
-        self.keys = [k.index_select(0, kept) for k in self.keys]
-        self.values = [v.index_select(0, kept) for v in self.values]
+        filled = self.pos - self.offset  # entries written so far; the rest of the capacity is never read before written
+
+        def keep(buf):  # fresh buffers: their unwritten pages are never touched, whatever max_new_tokens is
+            out = buf.new_empty((len(kept), *buf.shape[1:]))
+            torch.index_select(buf[:, :, :filled], 0, kept, out=out[:, :, :filled])
+            return out
+
+        self.keys = [keep(k) for k in self.keys]
+        self.values = [keep(v) for v in self.values]
         self.rows = len(kept)
         if not self.shared:
             return
@@ -395,7 +413,7 @@ def _plan(model, input_ids, generation_config, kwargs):
     eos = gen.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else [int(e) for e in eos]
     pad = gen.pad_token_id if gen.pad_token_id is not None else (eos[0] if eos else None)
-    max_new = gen.max_new_tokens if gen.max_new_tokens is not None else gen.max_length - input_ids.shape[1]
+    max_new = gen.max_new_tokens  # None: generate's own length rules (max_length and its defaults) apply
     if pad is None or max_new is None or max_new < 1:
         return None
     return gen, processors, int(max_new), eos, int(pad)
@@ -418,6 +436,9 @@ def grouped_decode(
 ):
     """What ``model.generate(input_ids, attention_mask, generation_config=...)`` returns, decoded by klear's CPU loop.
 
+    The model runs in eval mode (no dropout, unlike ``generate`` on a model in training mode with attention or
+    hidden dropout); its training flag is restored afterwards.
+
     Args:
         model: a causal LM for which :func:`decode_supported` holds.
         input_ids: ``(N, L)`` LEFT-padded prompts, rows ``g*G .. g*G+G-1`` the same prompt (``G = group_size``;
@@ -435,6 +456,12 @@ def grouped_decode(
         ``(N, L + T)`` token ids: the prompts, then each row's new tokens, ``pad_token_id`` after its end-of-sequence
         token; ``T`` is the number of steps until every row finished (at most ``max_new_tokens``), as ``generate``.
         With ``log_probs``: ``(token_ids, log_probs)``, ``log_probs`` ``(N, T)`` float32, 0 after a row's end.
+
+    Raises:
+        ValueError: a model or generation config :func:`decode_supported` refuses (e.g. no ``max_new_tokens``), an
+            ``attention_mask`` not shaped like ``input_ids``, a row not ending with a prompt token (right padding),
+            rows that are not groups of ``group_size`` identical prompts (:func:`in_groups`), or a row whose scores
+            cannot be sampled from (:func:`sample_from_scores`).
     """
     import torch
 
@@ -443,8 +470,17 @@ def grouped_decode(
         raise ValueError("grouped_decode does not support this model or generation config (see decode_supported)")
     gen, processors, max_new, eos_list, pad = plan
     n, length = input_ids.shape
-    if n % group_size:
-        raise ValueError(f"{n} rows are not groups of {group_size}")
+    if attention_mask is None or tuple(attention_mask.shape) != (n, length):
+        got = None if attention_mask is None else tuple(attention_mask.shape)
+        raise ValueError(f"grouped_decode: attention_mask must be {(n, length)} like input_ids, got {got}")
+    if not bool(attention_mask[:, -1].bool().all()):
+        row = int((~attention_mask[:, -1].bool()).nonzero()[0, 0])
+        raise ValueError(f"grouped_decode: row {row} does not end with a prompt token (prompts must be left-padded)")
+    if not in_groups(input_ids, attention_mask, group_size):
+        raise ValueError(
+            f"grouped_decode: {n} rows are not groups of group_size={group_size} identical prompts (rows g*G .. "
+            "g*G+G-1 the same prompt and mask)"
+        )
     device = input_ids.device
     mask = attention_mask.bool()
     uniq_ids, uniq_mask = input_ids[::group_size], mask[::group_size]

@@ -76,13 +76,11 @@ def grouped_prefill_generate(
     import torch
     from transformers import DynamicCache
 
+    from klear.generation.decode import in_groups
+
     n, length = input_ids.shape
     special = length < 2 or kwargs or getattr(generation_config, "cache_implementation", None)
-    plain = group_size < 2 or n % group_size or special
-    if not plain:
-        ids = input_ids.view(n // group_size, group_size, length)
-        mask = attention_mask.view(n // group_size, group_size, length)
-        plain = not (bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all()))
+    plain = group_size < 2 or special or not in_groups(input_ids, attention_mask, group_size)
     if agree is not None:
         plain = not agree(not plain)
     if fast_decode and agree is None and not special:
@@ -106,7 +104,7 @@ def grouped_prefill_generate(
         return generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
         )
-    uniq_ids, uniq_mask = ids[:, 0], mask[:, 0]
+    uniq_ids, uniq_mask = input_ids[::group_size], attention_mask[::group_size]
     # the positions generate uses for left-padded prompts (cumsum of the mask, 1 on padding)
     position_ids = (uniq_mask.long().cumsum(-1) - 1).masked_fill(uniq_mask == 0, 1)
     cache, cache_kw = DynamicCache(config=model.config), cache_kwarg(model.forward)
