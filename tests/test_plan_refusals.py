@@ -142,3 +142,16 @@ def test_sft_help_has_no_rl_only_flag(capsys):
     with pytest.raises(SystemExit):
         main(["sft", "--help"])
     assert "--prompt-tokens" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stage", ["rl", "sft"])
+def test_stage_help_names_every_shipped_recipe_of_the_stage(capsys, stage):
+    """``klear rl/sft --help`` lists the shipped ``<stage>_*`` recipes from the configs directory (a hand-kept list
+    had drifted: it missed rl_bench_sums_code and sft_bench_arith)."""
+    from klear.config import CONFIG_DIR
+
+    with pytest.raises(SystemExit):
+        main([stage, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    names = sorted(p.stem for p in CONFIG_DIR.glob(f"{stage}_*.yaml"))
+    assert len(names) >= 3 and f"({', '.join(names)}); default {stage}_demo" in text

@@ -1353,11 +1353,16 @@ def run_command(ns, stage: str, run, plan=None) -> int:
     return 0
 
 
-def add_stage_parser(subparsers, stage: str, *, help: str, description: str, default_recipe: str, recipes: str):
-    """Add the ``klear <stage>`` subcommand of a training stage (``rl``, ``sft``): :func:`add_run_arguments`,
-    handled by :func:`run_command` with ``klear.<stage>.job``'s ``run_<stage>`` and ``plan_<stage>`` (imported
-    when the command runs, so ``klear --help`` stays fast). Returns the parser."""
+def add_stage_parser(subparsers, stage: str, *, help: str, description: str, default_recipe: str):
+    """Add the ``klear <stage>`` subcommand of a training stage (``rl``, ``sft``): :func:`add_run_arguments`
+    (its help lists the shipped recipes named ``<stage>_*``), handled by :func:`run_command` with
+    ``klear.<stage>.job``'s ``run_<stage>`` and ``plan_<stage>`` (imported when the command runs, so ``klear --help``
+    stays fast). Returns the parser."""
     import importlib
+
+    from klear.config import shipped_configs
+
+    recipes = ", ".join(name for name in shipped_configs() if name.startswith(f"{stage}_"))
 
     def handler(ns) -> int:
         job = importlib.import_module(f"klear.{stage}.job")

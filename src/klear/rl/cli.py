@@ -13,5 +13,4 @@ def add_parser(subparsers):
         help="GPPO reinforcement learning (default recipe: the tiny CPU demo)",
         description="Train with GPPO. Overrides use dotted keys, e.g. trainer.learning_rate=1e-6 data.train=x.jsonl",
         default_recipe="rl_demo",
-        recipes="rl_demo, rl_math_klear, rl_math_cegppo, rl_math_erc, rl_code_demo, rl_code_klear, rl_bench_arith",
     )

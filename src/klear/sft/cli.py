@@ -14,5 +14,4 @@ def add_parser(subparsers):
         description="Supervised fine-tuning on long-CoT responses (loss on the response tokens only). "
         "Overrides use dotted keys, e.g. trainer.learning_rate=8e-5 data.train=sft.jsonl",
         default_recipe="sft_demo",
-        recipes="sft_demo, sft_klear",
     )
