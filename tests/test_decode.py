@@ -147,8 +147,8 @@ def test_sampler_draws_softmax(block, monkeypatch):
     probs = torch.softmax(scores.double(), -1)
     counts = torch.zeros(6, 50, dtype=torch.float64)
     kept = scores.clone()
-    width = -(-50 // min(block, 50)) * min(block, 50)
-    workspace = torch.empty(6, width)
+    workspace = torch.empty(6, decode.sample_workspace_width(50))
+    assert workspace.shape[1] == {256: 50, 8: 56, 5: 50}[block]
     for _ in range(600):
         token = sample_from_scores(scores, workspace=workspace, generator=gen)
         counts[torch.arange(6), token] += 1

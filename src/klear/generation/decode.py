@@ -89,8 +89,8 @@ def sample_from_scores(scores, *, workspace=None, generator=None):
     float64 cumulative sum over ``V / SAMPLE_BLOCK`` block sums and one over a block instead of one over ``V``
     (7x faster at 128 x 49 152).
 
-    ``scores`` is left as it is; the weights are written to ``workspace``, a float32 ``(B, ceil(V / K) * K)`` buffer
-    (``K = min(SAMPLE_BLOCK, V)``), allocated when None.
+    ``scores`` is left as it is; the weights are written to ``workspace``, a float32
+    ``(B, sample_workspace_width(V))`` buffer, allocated when None.
 
     Raises:
         ValueError: ``workspace`` of another shape or dtype; a row with NaN or +inf, or with every score -inf
@@ -99,14 +99,12 @@ def sample_from_scores(scores, *, workspace=None, generator=None):
     import torch
 
     rows, vocab = scores.shape
-    block = min(SAMPLE_BLOCK, vocab)
-    blocks = -(-vocab // block)
+    block, width = min(SAMPLE_BLOCK, vocab), sample_workspace_width(vocab)
+    blocks = width // block
     if workspace is None:
-        workspace = scores.new_empty((rows, blocks * block))
-    elif workspace.shape != (rows, blocks * block) or workspace.dtype != torch.float32:
-        raise ValueError(
-            f"workspace must be float32 {(rows, blocks * block)}, got {workspace.dtype} {tuple(workspace.shape)}"
-        )
+        workspace = scores.new_empty((rows, width))
+    elif workspace.shape != (rows, width) or workspace.dtype != torch.float32:
+        raise ValueError(f"workspace must be float32 {(rows, width)}, got {workspace.dtype} {tuple(workspace.shape)}")
     peak = scores.amax(dim=-1, keepdim=True)
     if not bool(torch.isfinite(peak).all()):  # NaN or +inf propagate to the row's maximum; all -inf: nothing to draw
         bad = int((~torch.isfinite(peak)).nonzero()[0, 0])
@@ -128,6 +126,13 @@ def sample_from_scores(scores, *, workspace=None, generator=None):
     inner_total = inner[:, -1:]
     v = torch.minimum(u - before, torch.nextafter(inner_total, torch.zeros_like(inner_total)))
     return (b * block + torch.searchsorted(inner, v, right=True)).squeeze(-1)
+
+
+def sample_workspace_width(vocab: int) -> int:
+    """Columns of :func:`sample_from_scores`' workspace for ``vocab`` tokens: ``ceil(V / K) * K``,
+    ``K = min(SAMPLE_BLOCK, V)`` (whole blocks, the last one padded with zero weights)."""
+    block = min(SAMPLE_BLOCK, vocab)
+    return -(-vocab // block) * block
 
 
 def in_groups(input_ids, attention_mask, group_size: int) -> bool:
@@ -508,8 +513,7 @@ def grouped_decode(
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     # (B, V) workspaces, allocated once: fresh ones every step cost more in page faults than their arithmetic
     vocab = head.weight.shape[0]
-    block = min(SAMPLE_BLOCK, vocab)
-    sample_buf = torch.empty((n, -(-vocab // block) * block), device=device) if gen.do_sample else None
+    sample_buf = torch.empty((n, sample_workspace_width(vocab)), device=device) if gen.do_sample else None
     logits_buf = torch.empty((n, vocab), dtype=torch.float32, device=device)
     scaled_buf = torch.empty((n, vocab), dtype=torch.float32, device=device) if log_probs else None
     was_training = model.training
