@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -43,3 +44,26 @@ def test_train_summary_is_not_a_step_row_and_does_not_pile_up_on_resume(tmp_path
     assert all("train_runtime" not in r for r in rows)
     summary = json.loads((tmp_path / "train_summary.json").read_text())
     assert summary["step"] == 4 and summary["train_runtime"] == 12.5
+
+
+def test_cpu_share_callback_checks_at_each_step_end_and_at_train_end(caplog):
+    import logging
+
+    from klear.callbacks import CpuShareCallback
+
+    class Guard:
+        answers = [1, None, 2]
+
+        def check(self):
+            return self.answers.pop(0)
+
+    callback = CpuShareCallback(Guard())
+    with caplog.at_level(logging.INFO, logger="klear.callbacks"):
+        for step in (1, 2):
+            callback.on_step_end(None, SimpleNamespace(global_step=step), None)
+        callback.on_train_end(None, SimpleNamespace(global_step=2), None)
+    assert Guard.answers == []  # asked three times
+    assert [r.getMessage() for r in caplog.records] == [
+        "step 1: other work shares the CPU; computing on 1 thread until it stops",
+        "step 2: the CPU is idle again; computing on 2 threads",
+    ]

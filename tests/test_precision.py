@@ -550,3 +550,181 @@ def test_sft_klear_on_a_gpu_refuses_a_missing_flash_attention_at_plan_time(
     with pytest.raises(ValueError) as e:
         validate_sft_config(config, "sft_klear.yaml")
     assert str(e.value) == f"sft_klear.yaml: trainer.model_init_kwargs.attn_implementation={message}"
+
+
+# ------------------------------------------------ the OpenMP wait policy chosen at start (klear.precision)
+def _stat(user: int, system: int, idle: int, iowait: int, cpus: int = 2) -> str:
+    per_cpu = "".join(f"cpu{i} 1 0 1 1 0 0 0 0 0 0\n" for i in range(cpus))
+    return f"cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\n{per_cpu}intr 1 2 3\n"
+
+
+def test_cpu_busy_cores_is_the_busy_share_of_the_window_times_the_cores(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(_stat(user=100, system=50, idle=800, iowait=50))
+    later = _stat(user=150, system=75, idle=1000, iowait=75)  # 300 ticks: 75 busy, 200 idle, 25 waiting on I/O
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        stat.write_text(later)
+
+    busy = P.cpu_busy_cores(0.5, stat_path=str(stat), sleep=sleep)
+    assert slept == [0.5]
+    assert busy == pytest.approx(2 * 75 / 300, rel=1e-12)
+    stat.write_text(_stat(user=100, system=50, idle=800, iowait=50, cpus=4))
+    assert P.cpu_busy_cores(0.1, stat_path=str(stat), sleep=sleep) == pytest.approx(4 * 75 / 300, rel=1e-12)
+
+
+@pytest.mark.parametrize("content", ["", "cpu  a b c d\n", "intr 1 2\n"])
+def test_cpu_busy_cores_is_none_where_the_counters_cannot_be_read(tmp_path, content):
+    stat = tmp_path / "stat"
+    stat.write_text(content)
+    assert P.cpu_busy_cores(0.0, stat_path=str(stat), sleep=lambda s: None) is None
+    assert P.cpu_busy_cores(0.0, stat_path=str(tmp_path / "missing"), sleep=lambda s: None) is None
+    stat.write_text(_stat(1, 1, 1, 1))  # no tick passed: no share to compute
+    assert P.cpu_busy_cores(0.0, stat_path=str(stat), sleep=lambda s: None) is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "busy", "expected"),
+    [
+        ({}, 0.0, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(P.IDLE_SPIN_COUNT)}),
+        ({}, P.IDLE_BUSY_CORES - 0.01, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(P.IDLE_SPIN_COUNT)}),
+        ({}, P.IDLE_BUSY_CORES, {"OMP_WAIT_POLICY": "PASSIVE"}),  # busy: sleeping waits only
+        ({}, 1.0, {"OMP_WAIT_POLICY": "PASSIVE"}),
+        ({}, None, {"OMP_WAIT_POLICY": "PASSIVE"}),  # load unknown: the safe choice
+        ({"GOMP_SPINCOUNT": "0"}, 0.0, {"OMP_WAIT_POLICY": "PASSIVE"}),  # the user's spin count stays
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, 0.0, {}),  # the user's policy: nothing added
+    ],
+)
+def test_cpu_wait_settings(environ, busy, expected):
+    assert P.cpu_wait_settings(environ, busy) == expected
+
+
+def test_the_cli_sets_the_wait_policy_before_torch_loads_and_run_json_records_it(tmp_path):
+    """Through `klear`'s entry point in a fresh process (torch not yet imported): an idle machine gets the spin
+    count, a busy one sleeping waits only, a user's setting is kept and not measured; run.json records them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import klear
+
+    script = (
+        "import json, os, sys\n"
+        "import klear.precision as P\n"
+        "P.cpu_busy_cores = lambda *a, **k: float(os.environ['FAKE_BUSY'])\n"
+        "from klear.cli import main\n"
+        "main(['bench', 'list'])\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(json.dumps({k: os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')}))\n"
+        "print(json.dumps(P.cpu_runtime_record()))\n"
+    )
+
+    def run(**env_vars):
+        env = {k: v for k, v in os.environ.items() if k not in P.OPENMP_VARIABLES}
+        env.update(PYTHONPATH=str(Path(klear.__file__).parents[1]), OMP_NUM_THREADS="1", **env_vars)
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        settings, record = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+        return settings, record
+
+    settings, record = run(FAKE_BUSY="0.05")
+    assert settings == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(P.IDLE_SPIN_COUNT)}
+    assert record == {"torch_threads": 1, **settings, "OMP_NUM_THREADS": "1"}
+    assert run(FAKE_BUSY="1.5")[0] == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}
+    # a user's spin count: kept, and the load is not measured (FAKE_BUSY unset would raise in the fake)
+    assert run(GOMP_SPINCOUNT="0")[0] == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+
+
+class _Machine:
+    """A fake /proc/stat (2 cpus), clock and process CPU time for CpuShareGuard."""
+
+    def __init__(self, tmp_path):
+        self.path, self.t, self.own_s, self.total, self.idle = tmp_path / "stat", 0.0, 0.0, 0, 0
+        self.set_to: list[int] = []
+        self.write()
+
+    def write(self):
+        busy = self.total - self.idle
+        self.path.write_text(_stat(user=busy, system=0, idle=self.idle, iowait=0))
+
+    def run(self, seconds, others_cores, own_cores):
+        """``seconds`` of wall time at 100 ticks a second on each of 2 cpus."""
+        ticks = round(200 * seconds)
+        busy = round(100 * seconds * (others_cores + own_cores))
+        self.t, self.own_s = self.t + seconds, self.own_s + seconds * own_cores
+        self.total, self.idle = self.total + ticks, self.idle + ticks - busy
+        self.write()
+
+    def guard(self, threads=2, min_interval_s=2.0):
+        guard = P.CpuShareGuard(
+            threads,
+            min_interval_s=min_interval_s,
+            stat_path=str(self.path),
+            clock=lambda: self.t,
+            own_cpu_s=lambda: self.own_s,
+            set_threads=self.set_to.append,
+        )
+        guard._tick_s = 0.01
+        return guard
+
+
+def test_cpu_share_guard_goes_to_one_thread_while_other_work_runs_and_back(tmp_path):
+    m = _Machine(tmp_path)
+    g = m.guard(threads=2)
+    m.run(1.0, others_cores=0.0, own_cores=2.0)
+    assert g.check() is None and m.set_to == []  # within min_interval_s: not measured
+    m.run(2.0, others_cores=0.1, own_cores=1.9)  # this process's own spinning threads are not "other work"
+    assert g.check() is None and m.set_to == []
+    m.run(2.0, others_cores=P.CONTENDED_BUSY_CORES, own_cores=1.0)
+    assert g.check() == 1 and m.set_to == [1] and g.current == 1
+    m.run(2.0, others_cores=0.4, own_cores=1.0)  # between the two thresholds: stays on one thread
+    assert g.check() is None and m.set_to == [1]
+    m.run(2.0, others_cores=0.2, own_cores=1.0)
+    assert g.check() == 2 and m.set_to == [1, 2] and g.current == 2
+    m.run(2.0, others_cores=1.0, own_cores=1.0)
+    assert g.check() == 1 and m.set_to == [1, 2, 1]
+
+
+def test_cpu_share_guard_acts_only_where_threads_spin(monkeypatch):
+    import torch
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    for value in (None, "0", "-5", "many"):
+        if value is None:
+            monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        else:
+            monkeypatch.setenv("GOMP_SPINCOUNT", value)
+        assert P.CpuShareGuard.for_this_process() is None, value
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    guard = P.CpuShareGuard.for_this_process()
+    assert guard is not None and guard.threads == 2
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # one thread: nothing spins, nothing to drop
+    assert P.CpuShareGuard.for_this_process() is None
+    assert torch.get_num_threads() == 1 and threads >= 1
+
+
+def test_rl_job_drops_to_one_thread_when_other_work_shares_a_spinning_cpu(
+    tmp_path, tiny_ckpt, parity_reward, monkeypatch, caplog
+):
+    """Through `klear rl`'s job: with spinning waits (GOMP_SPINCOUNT) on 2 threads, other work that takes a core
+    (here: any measured work counts, CONTENDED_BUSY_CORES below zero) puts the run on one thread at a step's end."""
+    import logging
+
+    import torch
+
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    monkeypatch.setattr(P, "CONTENDED_BUSY_CORES", -1.0)
+    monkeypatch.setattr(P.CpuShareGuard, "MIN_INTERVAL_S", 0.0)
+    torch.set_num_threads(2)
+    try:
+        with caplog.at_level(logging.INFO, logger="klear.callbacks"):
+            run_rl(_rl_job(tmp_path, tiny_ckpt, parity_reward, max_steps=2, steps_per_generation=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert "step 1: other work shares the CPU; computing on 1 thread until it stops" in caplog.text

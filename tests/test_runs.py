@@ -45,9 +45,24 @@ def test_unwritable_output_dir_is_one_line(tmp_path, monkeypatch, method, err, t
     assert msg == f"output_dir {tmp_path / 'run'}: cannot write the run directory ({text})" and "\n" not in msg
 
 
-def test_writes_config_and_run_json(tmp_path):
+def test_writes_config_and_run_json(tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "123")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     _start(tmp_path / "run")
     assert (tmp_path / "run" / "config.yaml").is_file() and (tmp_path / "run" / "run.json").is_file()
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    threads = torch.get_num_threads()
+    assert run["cpu_runtime"] == {
+        "torch_threads": threads,
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "GOMP_SPINCOUNT": "123",
+        "OMP_NUM_THREADS": None,
+    }
+    line = f"cpu runtime: torch_threads={threads}, OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=123\n"
+    assert line in capsys.readouterr().out
 
 
 # ------------------------------------------------ run directories of failed runs; multi-process guard (issue 14)

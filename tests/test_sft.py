@@ -639,3 +639,42 @@ def test_one_teacher_slip_rate_per_task_is_checked_against_the_tasks():
     with pytest.raises(ValueError, match=r"data.teacher_slip_rate\[2\]=1.5 must be a number in \[0, 1\)"):
         validate_sft_config(config, str(path))
     validate_sft_config(load_config("sft_demo", ["data.teacher_slip_rate=[0.1, 0.2, 0.0]"])[0], str(path))
+
+
+def test_sft_job_drops_to_one_thread_when_other_work_shares_a_spinning_cpu(
+    tmp_path, embedded_path, monkeypatch, caplog
+):
+    """Through `klear sft`'s job: with spinning waits (GOMP_SPINCOUNT) on 2 threads, other work that takes a core
+    (here: any measured work counts) puts the run on one thread at a step's end (klear.precision.CpuShareGuard)."""
+    import logging
+
+    import torch
+
+    from klear import precision
+    from klear.config import load_config
+    from klear.sft.job import run_sft
+
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    monkeypatch.setattr(precision, "CONTENDED_BUSY_CORES", -1.0)
+    monkeypatch.setattr(precision.CpuShareGuard, "MIN_INTERVAL_S", 0.0)
+    overrides = [
+        f"model={_tiny_checkpoint(tmp_path, embedded_path)}",
+        f"output_dir={tmp_path / 'run'}",
+        "data.train_size=8",
+        "data.heldout_size=2",
+        "eval.max_new_tokens=2",
+        "trainer.max_steps=2",
+        "trainer.per_device_train_batch_size=2",
+        "trainer.max_length=384",
+        "trainer.report_to=[]",
+        "trainer.save_strategy=no",
+    ]
+    torch.set_num_threads(2)
+    try:
+        with caplog.at_level(logging.INFO, logger="klear.callbacks"):
+            run_sft(load_config("sft_demo", overrides)[0])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert "step 1: other work shares the CPU; computing on 1 thread until it stops" in caplog.text

@@ -1,12 +1,15 @@
-"""Trainer callbacks: per-step metrics as JSONL (resumable)."""
+"""Trainer callbacks: per-step metrics as JSONL (resumable); CPU threads while other work shares the machine."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
 from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
 
 
 class MetricsJsonlCallback(TrainerCallback):
@@ -59,3 +62,32 @@ class MetricsJsonlCallback(TrainerCallback):
 def _is_summary(row: dict) -> bool:
     """The end-of-train() summary log of transformers' Trainer (not an optimizer step)."""
     return "train_runtime" in row
+
+
+class CpuShareCallback(TrainerCallback):
+    """Runs a :class:`klear.precision.CpuShareGuard` at the end of each optimizer step (on the trainer's thread) and
+    logs each change of torch's threads."""
+
+    def __init__(self, guard):
+        self.guard = guard
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._check(state)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._check(state)  # the evaluation after training gets the threads the machine allows now
+
+    def _check(self, state):
+        changed = self.guard.check()
+        if changed == 1:
+            logger.info("step %d: other work shares the CPU; computing on 1 thread until it stops", state.global_step)
+        elif changed is not None:
+            logger.info("step %d: the CPU is idle again; computing on %d threads", state.global_step, changed)
+
+
+def cpu_share_callbacks() -> list[TrainerCallback]:
+    """``[CpuShareCallback]`` where a :class:`klear.precision.CpuShareGuard` can act in this process, else ``[]``."""
+    from klear.precision import CpuShareGuard
+
+    guard = CpuShareGuard.for_this_process()
+    return [] if guard is None else [CpuShareCallback(guard)]

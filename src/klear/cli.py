@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if "torch" not in sys.modules:  # must be set before torch starts its OpenMP pool
         from klear.precision import set_cpu_runtime_defaults
 
-        set_cpu_runtime_defaults()
+        set_cpu_runtime_defaults()  # the OpenMP wait policy; run.json records it
     try:
         return ns.func(ns)
     except (ValueError, FileNotFoundError) as e:

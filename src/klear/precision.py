@@ -20,6 +20,10 @@ capability) or an AMX CPU, or ``fp16: true`` without a CUDA GPU, is an error rai
 :func:`resolve_precision` decides; :func:`resolve_trainer_precision` applies the decision to a
 TRL/transformers ``TrainingArguments`` section; :func:`torch_dtype` gives the dtype for loading a
 model (``klear eval``'s ``--dtype auto``); :func:`cuda_device` is the one place the GPU is asked.
+
+The CPU runtime's one rule lives here too: how OpenMP threads wait (:func:`set_cpu_runtime_defaults`, chosen by
+the CLI before torch loads: sleep at once, or spin ~0.1 ms on a machine idle at start) and the watch that puts
+torch on one thread while other work shares a CPU on which threads spin (:class:`CpuShareGuard`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ __all__ = [
     "BF16_MIN_CAPABILITY",
     "DTYPE_CHOICES",
     "set_cpu_runtime_defaults",
+    "cpu_wait_settings",
+    "cpu_busy_cores",
+    "cpu_runtime_record",
+    "CpuShareGuard",
     "cpu_flags",
     "cpu_native_bf16",
 ]
@@ -291,12 +299,179 @@ def check_attention_implementation(implementation: Any, *, where: str, gpu_only:
         )
 
 
-def set_cpu_runtime_defaults() -> None:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the user set it (call before torch is imported; the CLI does).
+#: ``GOMP_SPINCOUNT`` on a CPU found idle at start: GNU OpenMP's threads spin about 0.1 ms (libgomp counts ~100 000
+#: spins a millisecond) before they sleep, which bridges the gaps between a small model's operations.
+IDLE_SPIN_COUNT = 10_000
+#: A machine whose other work takes less CPU than this many cores counts as idle (:func:`cpu_busy_cores`).
+IDLE_BUSY_CORES = 0.25
+#: The OpenMP variables klear chooses (unless the user set one) and records in ``run.json``.
+OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
 
-    OpenMP threads that spin while waiting make a shared or busy CPU several times slower (measured: 5x for
-    generation on 2 loaded cores); sleeping waits cost little otherwise. GPUs are unaffected.
-    """
+
+def _stat_ticks(stat_path: str) -> tuple[int, int, int]:
+    """``(total, idle, cpus)`` from ``/proc/stat``: the ``cpu`` line's ticks summed, its idle + iowait ticks, and
+    the number of ``cpuN`` lines. Raises OSError, ValueError or IndexError where the file is not that."""
+    with open(stat_path) as f:
+        lines = f.read().splitlines()
+    if not lines[0].startswith("cpu "):
+        raise ValueError(f"{stat_path}: the first line is not the cpu line")
+    fields = [int(x) for x in lines[0].split()[1:]]
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    # user nice system idle iowait irq softirq steal (guest time is counted in user and nice already)
+    return sum(fields[:8]), fields[3] + (fields[4] if len(fields) > 4 else 0), cpus
+
+
+def cpu_busy_cores(window_s: float = 0.2, stat_path: str = "/proc/stat", sleep=None) -> float | None:
+    """Cores' worth of CPU time the whole machine spent busy over ``window_s`` seconds (two reads of the ``cpu``
+    line of ``/proc/stat``: everything but idle and iowait), e.g. 1.0 for one process spinning; None where the file
+    cannot be read or parsed (not Linux)."""
+    import time
+
+    try:
+        total0, idle0, cpus = _stat_ticks(stat_path)
+        (sleep or time.sleep)(window_s)
+        total1, idle1, _ = _stat_ticks(stat_path)
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0 or cpus < 1:
+        return None
+    return cpus * (1.0 - (idle1 - idle0) / (total1 - total0))
+
+
+def cpu_wait_settings(environ, busy_cores: float | None) -> dict[str, str]:
+    """The OpenMP variables :func:`set_cpu_runtime_defaults` adds to ``environ`` (a mapping it only reads), given
+    the machine's other work in cores (:func:`cpu_busy_cores`; None: unknown).
+
+    ``OMP_WAIT_POLICY=PASSIVE`` unless the user set it: threads that spin while they wait made generation on 2
+    busy cores 5x slower. On a machine found idle (``busy_cores`` below :data:`IDLE_BUSY_CORES`) and with neither
+    variable set by the user, also ``GOMP_SPINCOUNT`` = :data:`IDLE_SPIN_COUNT`, which GNU OpenMP (torch's Linux
+    wheels) takes over the policy: a run of the 0.9M-parameter bench model on 2 idle cores took 67-73 s instead of
+    100-104 s (docs/performance.md). Work that starts beside the run later would make it 1.8x slower than sleeping
+    waits do, which :class:`CpuShareGuard` prevents; ``GOMP_SPINCOUNT=0`` never spins."""
+    out: dict[str, str] = {}
+    if "OMP_WAIT_POLICY" not in environ:
+        out["OMP_WAIT_POLICY"] = "PASSIVE"
+        if "GOMP_SPINCOUNT" not in environ and busy_cores is not None and busy_cores < IDLE_BUSY_CORES:
+            out["GOMP_SPINCOUNT"] = str(IDLE_SPIN_COUNT)
+    return out
+
+
+def set_cpu_runtime_defaults() -> dict[str, str]:
+    """Set the OpenMP wait policy of :func:`cpu_wait_settings` in ``os.environ`` (call before torch is imported;
+    the CLI does) and return what was set. Measures the machine's load for 0.2 s unless the user set the policy.
+    GPUs are unaffected."""
     import os
 
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" in os.environ:
+        return {}
+    busy = None if "GOMP_SPINCOUNT" in os.environ else cpu_busy_cores()
+    settings = cpu_wait_settings(os.environ, busy)
+    os.environ.update(settings)
+    return settings
+
+
+#: While OpenMP threads spin, other work of at least this many cores puts klear on one thread (:class:`CpuShareGuard`).
+CONTENDED_BUSY_CORES = 0.5
+
+
+class CpuShareGuard:
+    """One intra-op thread while other work shares a CPU on which OpenMP threads spin (``GOMP_SPINCOUNT`` > 0).
+
+    :func:`cpu_wait_settings` lets threads spin on a machine idle at start; work that starts beside the run later
+    would then slow it (a bench run: 221 s against 122 s with sleeping waits, one busy core beside it). Call
+    :meth:`check` between steps from the thread that runs torch (the setting is per thread): at most every
+    ``min_interval_s`` seconds it measures the other work since the last measurement (``/proc/stat``'s busy ticks
+    minus this process's CPU time, :func:`os.times`) and sets torch to one thread while that is at least
+    :data:`CONTENDED_BUSY_CORES`, back to ``threads`` once it is below :data:`IDLE_BUSY_CORES`.
+
+    Args:
+        threads: torch's intra-op threads to return to.
+        min_interval_s: shortest measurement window (default :attr:`MIN_INTERVAL_S`).
+        stat_path, clock, own_cpu_s, set_threads: ``/proc/stat``, a monotonic clock, this process's CPU seconds and
+            ``torch.set_num_threads`` (replaceable in tests).
+    """
+
+    #: Default shortest measurement window, seconds.
+    MIN_INTERVAL_S = 2.0
+
+    def __init__(
+        self,
+        threads: int,
+        *,
+        min_interval_s: float | None = None,
+        stat_path: str = "/proc/stat",
+        clock=None,
+        own_cpu_s=None,
+        set_threads=None,
+    ) -> None:
+        import os
+        import time
+
+        self.threads = threads
+        self.current = threads
+        self.min_interval_s = self.MIN_INTERVAL_S if min_interval_s is None else min_interval_s
+        self._stat_path = stat_path
+        self._clock = clock or time.monotonic
+        self._own = own_cpu_s or (lambda: (lambda t: t.user + t.system)(os.times()))
+        self._set = set_threads
+        self._tick_s = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+        self._last = self._read()
+
+    @classmethod
+    def for_this_process(cls) -> CpuShareGuard | None:
+        """A guard when it can act: torch on more than one thread, ``GOMP_SPINCOUNT`` > 0 (set by
+        :func:`set_cpu_runtime_defaults` or the user) and ``/proc/stat`` readable; else None."""
+        import os
+
+        import torch
+
+        try:
+            spin = int(os.environ.get("GOMP_SPINCOUNT", "0"))
+        except ValueError:
+            return None
+        threads = torch.get_num_threads()
+        if spin <= 0 or threads < 2:
+            return None
+        guard = cls(threads)
+        return guard if guard._last is not None else None
+
+    def _read(self) -> tuple[float, int, int, int, float] | None:
+        try:
+            total, idle, cpus = _stat_ticks(self._stat_path)
+        except (OSError, ValueError, IndexError):
+            return None
+        return self._clock(), total, total - idle, cpus, self._own()
+
+    def check(self) -> int | None:
+        """Measure and, where needed, change torch's threads; returns the new count, or None when unchanged."""
+        if self._last is None or self._clock() - self._last[0] < self.min_interval_s:
+            return None
+        now = self._read()
+        if now is None:
+            return None
+        (_, total0, busy0, _, own0), (_, total1, busy1, cpus, own1) = self._last, now
+        self._last = now
+        if total1 <= total0:
+            return None
+        others = cpus * ((busy1 - busy0) - (own1 - own0) / self._tick_s) / (total1 - total0)
+        wanted = 1 if others >= CONTENDED_BUSY_CORES else self.threads if others < IDLE_BUSY_CORES else self.current
+        if wanted == self.current:
+            return None
+        if self._set is None:
+            import torch
+
+            torch.set_num_threads(wanted)
+        else:
+            self._set(wanted)
+        self.current = wanted
+        return wanted
+
+
+def cpu_runtime_record() -> dict[str, Any]:
+    """This process's CPU threading, for ``run.json``: torch's intra-op threads and the OpenMP variables (None:
+    unset). Imports torch."""
+    import os
+
+    import torch
+
+    return {"torch_threads": torch.get_num_threads(), **{k: os.environ.get(k) for k in OPENMP_VARIABLES}}

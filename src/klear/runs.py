@@ -11,7 +11,7 @@ Every run directory starts with two files written by :func:`start_run`:
 * ``config.yaml``: the recipe as run (after overrides), with the trainer's device/precision settings
   resolved (``bf16``/``fp16``/``use_cpu``, see :mod:`klear.precision`);
 * ``run.json``: ``{"stage", "precision": {"device", "dtype", "requested"}, "versions": {...},
-  "started": <unix time>}``.
+  "cpu_runtime": {"torch_threads", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS"}, "started": <unix time>}``.
 
 Before :func:`start_run` a job checks everything it can without training: the recipe
 (:mod:`klear.recipe`, :func:`check_trainer_section`), the datasets, the
@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import yaml
 
-from klear.precision import Precision
+from klear.precision import Precision, cpu_runtime_record
 from klear.recipe import EVAL_BACKENDS, EvalSection, build_section, check_int, check_section_keys
 
 __all__ = [
@@ -536,10 +536,12 @@ def start_run(
             if k in config["trainer"] or k in ("bf16", "fp16", "use_cpu", "gradient_checkpointing")
         },
     }
+    cpu_runtime = cpu_runtime_record()
     run = {
         "stage": stage,
         "precision": precision.as_dict(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+        "cpu_runtime": cpu_runtime,
         "started": time.time(),
     }
     try:
@@ -550,6 +552,8 @@ def start_run(
         run_dir.discard()
         raise ValueError(f"output_dir {out}: cannot write the run directory ({e.strerror or e})") from None
     print(precision.describe(), flush=True)
+    if precision.device == "cpu":
+        print("cpu runtime: " + ", ".join(f"{k}={v}" for k, v in cpu_runtime.items() if v is not None), flush=True)
     return run_dir
 
 

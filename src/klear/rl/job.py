@@ -294,7 +294,7 @@ class RLStage(Stage):
         import torch
         from trl import GRPOTrainer
 
-        from klear.callbacks import MetricsJsonlCallback
+        from klear.callbacks import MetricsJsonlCallback, cpu_share_callbacks
         from klear.eval.backends import ColocatedEval
         from klear.generation.vllm import build_trainer
         from klear.rl.periodic_eval import HeldoutCurveCallback
@@ -315,7 +315,7 @@ class RLStage(Stage):
             args=job.setup.args,
             train_dataset=job.train,
             processing_class=job.tokenizer,
-            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *self.callbacks],
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *cpu_share_callbacks(), *self.callbacks],
         )
         job.model = trainer.accelerator.unwrap_model(trainer.model)
         # None: model.generate

@@ -228,7 +228,7 @@ class SFTStage(Stage):
         import torch
         from transformers import AutoTokenizer
 
-        from klear.callbacks import MetricsJsonlCallback
+        from klear.callbacks import MetricsJsonlCallback, cpu_share_callbacks
         from klear.runs import cap_eval_batch_size, check_prompt_context, eval_settings, is_main_process
         from klear.sft.trainer import KlearSFTTrainer
 
@@ -244,7 +244,7 @@ class SFTStage(Stage):
             args=setup.args,
             train_dataset=job.train,
             processing_class=tokenizer,
-            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *self.callbacks],
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl"), *cpu_share_callbacks(), *self.callbacks],
         )
         assert recipe.eval.max_new_tokens is not None  # SFTEvalSection.check
         eval_cfg = eval_settings(
