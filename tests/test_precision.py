@@ -691,7 +691,6 @@ def test_cpu_share_guard_goes_to_one_thread_while_other_work_runs_and_back(tmp_p
 def test_cpu_share_guard_acts_only_where_threads_spin(monkeypatch):
     import torch
 
-    threads = torch.get_num_threads()
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     for value in (None, "0", "-5", "many"):
         if value is None:
@@ -704,7 +703,6 @@ def test_cpu_share_guard_acts_only_where_threads_spin(monkeypatch):
     assert guard is not None and guard.threads == 2
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # one thread: nothing spins, nothing to drop
     assert P.CpuShareGuard.for_this_process() is None
-    assert torch.get_num_threads() == 1 and threads >= 1
 
 
 def test_rl_job_drops_to_one_thread_when_other_work_shares_a_spinning_cpu(

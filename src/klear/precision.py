@@ -309,7 +309,7 @@ OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
 
 
 def _stat_ticks(stat_path: str) -> tuple[int, int, int]:
-    """``(total, idle, cpus)`` from ``/proc/stat``: the ``cpu`` line's ticks summed, its idle + iowait ticks, and
+    """``(total, busy, cpus)`` from ``/proc/stat``: the ``cpu`` line's ticks summed, those not idle or iowait, and
     the number of ``cpuN`` lines. Raises OSError, ValueError or IndexError where the file is not that."""
     with open(stat_path) as f:
         lines = f.read().splitlines()
@@ -318,7 +318,17 @@ def _stat_ticks(stat_path: str) -> tuple[int, int, int]:
     fields = [int(x) for x in lines[0].split()[1:]]
     cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
     # user nice system idle iowait irq softirq steal (guest time is counted in user and nice already)
-    return sum(fields[:8]), fields[3] + (fields[4] if len(fields) > 4 else 0), cpus
+    total = sum(fields[:8])
+    return total, total - fields[3] - (fields[4] if len(fields) > 4 else 0), cpus
+
+
+def _busy_cores(before: tuple[int, int, int], after: tuple[int, int, int], own_ticks: float = 0.0) -> float | None:
+    """Cores' worth of busy time between two :func:`_stat_ticks` readings, less ``own_ticks`` (None: no tick
+    passed, or no cpu lines)."""
+    (total0, busy0, cpus), (total1, busy1, _) = before, after
+    if total1 <= total0 or cpus < 1:
+        return None
+    return cpus * (busy1 - busy0 - own_ticks) / (total1 - total0)
 
 
 def cpu_busy_cores(window_s: float = 0.2, stat_path: str = "/proc/stat", sleep=None) -> float | None:
@@ -328,14 +338,11 @@ def cpu_busy_cores(window_s: float = 0.2, stat_path: str = "/proc/stat", sleep=N
     import time
 
     try:
-        total0, idle0, cpus = _stat_ticks(stat_path)
+        before = _stat_ticks(stat_path)
         (sleep or time.sleep)(window_s)
-        total1, idle1, _ = _stat_ticks(stat_path)
+        return _busy_cores(before, _stat_ticks(stat_path))
     except (OSError, ValueError, IndexError):
         return None
-    if total1 <= total0 or cpus < 1:
-        return None
-    return cpus * (1.0 - (idle1 - idle0) / (total1 - total0))
 
 
 def cpu_wait_settings(environ, busy_cores: float | None) -> dict[str, str]:
@@ -435,12 +442,12 @@ class CpuShareGuard:
         guard = cls(threads)
         return guard if guard._last is not None else None
 
-    def _read(self) -> tuple[float, int, int, int, float] | None:
+    def _read(self) -> tuple[float, tuple[int, int, int], float] | None:
         try:
-            total, idle, cpus = _stat_ticks(self._stat_path)
+            ticks = _stat_ticks(self._stat_path)
         except (OSError, ValueError, IndexError):
             return None
-        return self._clock(), total, total - idle, cpus, self._own()
+        return self._clock(), ticks, self._own()
 
     def check(self) -> int | None:
         """Measure and, where needed, change torch's threads; returns the new count, or None when unchanged."""
@@ -449,11 +456,11 @@ class CpuShareGuard:
         now = self._read()
         if now is None:
             return None
-        (_, total0, busy0, _, own0), (_, total1, busy1, cpus, own1) = self._last, now
+        (_, ticks0, own0), (_, ticks1, own1) = self._last, now
         self._last = now
-        if total1 <= total0:
+        others = _busy_cores(ticks0, ticks1, own_ticks=(own1 - own0) / self._tick_s)
+        if others is None:
             return None
-        others = cpus * ((busy1 - busy0) - (own1 - own0) / self._tick_s) / (total1 - total0)
         wanted = 1 if others >= CONTENDED_BUSY_CORES else self.threads if others < IDLE_BUSY_CORES else self.current
         if wanted == self.current:
             return None
