@@ -159,7 +159,8 @@ def _write_tiny_base(folder, recipe, spec, *, train_size):
 
 
 def test_experiment_on_a_bench_model_through_the_cli(tiny_bench, capsys):
-    """`klear experiment` with a recipe naming `bench:tiny`: the model is built on first use, 2 arms x 2 seeds run,
+    """`klear experiment` with a recipe naming `bench:tiny`: the model is built on first use, once, before two runs
+    start side by side in their own processes (as the shipped bench experiments run: jobs 2), 2 arms x 2 seeds run,
     and the report gives the seed-unit comparison with its minimum detectable effect."""
     _write_tiny_base(tiny_bench, "rl_bench_arith", TINY, train_size=32)
     exp = {
@@ -169,11 +170,12 @@ def test_experiment_on_a_bench_model_through_the_cli(tiny_bench, capsys):
         "reference": "gppo",
         "seeds": [0, 1],
         "output_dir": str(tiny_bench / "exp"),
+        "jobs": 2,
         "arms": {"gppo": {}, "clip_higher": {"trainer.loss_mode": "ppo_clip"}},
     }
     (tiny_bench / "exp.yaml").write_text(yaml.safe_dump(exp))
     assert klear_main(["experiment", "--config", str(tiny_bench / "exp.yaml")]) == 0
-    assert "building bench model 'tiny'" in capsys.readouterr().out
+    assert capsys.readouterr().out.count("building bench model 'tiny'") == 1
     summary = json.loads((tiny_bench / "exp" / "summary.json").read_text())
     assert set(summary["arms"]) == {"gppo", "clip_higher"}
     report = (tiny_bench / "exp" / "report.md").read_text()

@@ -597,11 +597,15 @@ def run_experiment(
     Raises:
         ValueError: an invalid run recipe (before any run starts), ``jobs`` > 1 with runs that use a GPU, an
             unfinished run without ``resume``, a run whose recipe changed since it started, or a report error
-            (:func:`klear.experiment.report.write_report`).
+            (:func:`klear.experiment.report.write_report`). FileNotFoundError: a run's ``model`` that is a missing
+            local folder. Building a missing ``bench:`` model, once before any run starts, raises as
+            :func:`klear.experiment.bench.ensure_bench_model`.
     """
     from tqdm.auto import tqdm
 
+    import klear.experiment.bench  # noqa: F401  (registers the builder of bench: models, built on first use)
     from klear.experiment.report import write_report
+    from klear.models.embedded import resolve_model_path
 
     run_job = _stage_function(exp.stage, 2)
 
@@ -638,6 +642,10 @@ def run_experiment(
             else:
                 resume_run, done_steps = True, done_steps + step
         todo.append((run, config, resume_run))
+    # each run's model once, here, before any run starts: runs side by side (spawned processes) would each build a
+    # missing bench: model or convert the embedded one into the same cache folder
+    for model in dict.fromkeys(str(config["model"]) for _, config, _ in todo):
+        resolve_model_path(model)
     out.mkdir(parents=True, exist_ok=True)
     plan.update(experiment=exp.name, source=str(exp.source), reference=exp.reference, arms=list(exp.arms))
     plan["seeds"] = seeds
