@@ -758,3 +758,32 @@ def test_an_interrupted_experiment_says_how_to_continue(monkeypatch, capsys):
         .out.rstrip()
         .endswith("klear experiment --config bench_alpha --seeds 0,1 --output runs/a --resume")
     )
+
+
+def test_held_out_plot_title_fits_the_figure_with_ten_seeds(tmp_path, monkeypatch):
+    """The held-out curve's title names the seeds compactly and stays inside the figure (a 10-seed experiment's
+    title, written as the seeds' list, ran off both edges)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from klear.experiment import report
+
+    assert report._seed_list(list(range(10))) == "0-9"
+    assert report._seed_list([3, 7]) == "3, 7"
+    assert report._seed_list(list(range(0, 20, 2))) == "0, 2, 4, 6, 8, 10, ..., 18"
+    seen = {}
+    save = Figure.savefig
+
+    def grab(fig, *args, **kwargs):
+        fig.canvas.draw()
+        seen.update(title=fig.axes[0].title.get_window_extent(), figure=fig.bbox, text=fig.axes[0].get_title())
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", grab)
+    curve = [{"step": s, "accuracy_mean": 0.5, "accuracy_low": 0.45, "accuracy_high": 0.55} for s in (0, 40, 80)]
+    summary = {"experiment": "bench_gppo_vs_baselines", "seeds": list(range(10)), "arms": {"gppo": {"curve": curve}}}
+    report._plot_curves(summary, "step", "optimizer step", tmp_path / "curve.png")
+    assert "over 10 seeds (0-9)" in seen["text"]
+    assert seen["figure"].x0 <= seen["title"].x0 and seen["title"].x1 <= seen["figure"].x1

@@ -223,6 +223,14 @@ def _series_stats(series: list[dict[int, float]]) -> list[dict[str, Any]]:
     return [{"step": step, **mean_ci([s[step] for s in series])} for step in steps]
 
 
+def _seed_list(seeds: list[int]) -> str:
+    """Seeds for a plot title: ``0-9`` for a run of consecutive seeds, else the list (its first 6 and the last)."""
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    shown = [str(s) for s in seeds] if len(seeds) <= 7 else [*map(str, seeds[:6]), "...", str(seeds[-1])]
+    return ", ".join(shown)
+
+
 def _plot_curves(summary: dict[str, Any], x_key: str, xlabel: str, path: Path) -> None:
     import matplotlib
 
@@ -238,7 +246,10 @@ def _plot_curves(summary: dict[str, Any], x_key: str, xlabel: str, path: Path) -
             ax.fill_between(x, [p["accuracy_low"] for p in curve], [p["accuracy_high"] for p in curve], alpha=0.2)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out accuracy")
-    ax.set_title(f"{summary['experiment']}: mean and 95% interval over seeds {summary['seeds']}")
+    seeds = summary["seeds"]
+    ax.set_title(
+        f"{summary['experiment']}\nmean and 95% interval over {len(seeds)} seeds ({_seed_list(seeds)})", fontsize=10
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
