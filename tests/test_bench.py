@@ -92,6 +92,20 @@ def test_a_build_outside_its_band_raises_and_leaves_nothing(tiny_bench, monkeypa
     assert not list(embedded.bench_model_dir("tiny").parent.glob(".bench-*"))
 
 
+def test_a_corrupt_bench_json_is_listed_as_unreadable_and_rebuilt(tiny_bench, capsys):
+    """A damaged `bench.json` made `klear bench list` and every use of the model end in a traceback."""
+    marker = embedded.bench_model_dir("tiny") / embedded.BENCH_MARKER
+    marker.parent.mkdir(parents=True)
+    for text in ("[1]", "{"):
+        marker.write_text(text)
+        capsys.readouterr()
+        assert klear_main(["bench", "list"]) == 0
+        assert f"bench:tiny  tiny test spec  [unreadable {marker} (rebuilt on next use)]" in capsys.readouterr().out
+    assert klear_main(["bench", "build", "bench:tiny"]) == 0  # the name as a recipe writes it
+    assert "building bench model 'tiny'" in capsys.readouterr().out
+    assert json.loads(marker.read_text())["key"] == TINY.key()
+
+
 def test_unknown_and_unbuilt_bench_models_name_the_fix(tiny_bench, monkeypatch):
     with pytest.raises(ValueError, match="unknown bench model 'nope'; the bench has: arith, sums_code"):
         embedded.resolve_model_path("bench:nope")

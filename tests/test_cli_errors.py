@@ -69,6 +69,34 @@ def test_yaml_syntax_error_is_one_line_with_its_position(tmp_path, capsys):
     assert "\n" not in str(info.value) and "line 1, column" in str(info.value)
 
 
+def test_a_key_given_twice_in_a_recipe_is_refused_with_its_line(tmp_path, capsys):
+    """PyYAML keeps the last of two equal keys silently: a recipe's first `learning_rate` would vanish."""
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("trainer:\n  learning_rate: 1.0e-6\n  max_steps: 3\n  learning_rate: 3.0e-5\n")
+    assert main(["rl", "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"klear rl: error: {recipe}: not valid YAML: line 4, column 3: ")
+    assert "'learning_rate' is given twice" in err[0]
+    merged = tmp_path / "merge.yaml"  # a key brought in by a << merge may be overridden, as YAML intends
+    merged.write_text("base: &b {lr: 1, steps: 2}\ntrainer:\n  <<: *b\n  lr: 3\n")
+    assert load_config(str(merged))[0]["trainer"] == {"lr": 3, "steps": 2}
+
+
+def test_a_mapping_override_merges_into_its_section():
+    """`trainer={alpha: 0.2}` changes alpha and keeps the section's other keys (it used to replace the section)."""
+    config = {"trainer": {"learning_rate": 3e-5, "alpha": 0.1, "sub": {"a": 1, "b": 2}}, "model": "m"}
+    out = apply_overrides(config, ["trainer={alpha: 0.2, sub: {b: 5}}", "eval={every_steps: 4}"])
+    assert out == {
+        "trainer": {"learning_rate": 3e-5, "alpha": 0.2, "sub": {"a": 1, "b": 5}},
+        "model": "m",
+        "eval": {"every_steps": 4},
+    }
+    assert config["trainer"]["alpha"] == 0.1  # the input is not changed
+    assert apply_overrides(config, ["trainer.sub=3"])["trainer"]["sub"] == 3  # a non-mapping value replaces
+    with pytest.raises(ValueError, match=r"^override 'model.x=1': model is not a section$"):
+        apply_overrides(config, ["model.x=1"])
+
+
 # ------------------------------------------------------------------- argparse errors
 @pytest.mark.parametrize(
     "argv, needle",

@@ -787,3 +787,110 @@ def test_held_out_plot_title_fits_the_figure_with_ten_seeds(tmp_path, monkeypatc
     report._plot_curves(summary, "step", "optimizer step", tmp_path / "curve.png")
     assert "over 10 seeds (0-9)" in seen["text"]
     assert seen["figure"].x0 <= seen["title"].x0 and seen["title"].x1 <= seen["figure"].x1
+
+
+@pytest.fixture
+def unbuilt_bench(tmp_path, monkeypatch):
+    """An empty cache and a bench builder that fails the test: an error that must come before any model is
+    resolved (or built: ~6 min) fails loudly otherwise."""
+    import klear.experiment.bench  # noqa: F401  (registers the real builder when first imported: import it first)
+    from klear.models import embedded
+
+    monkeypatch.setenv("KLEAR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(embedded, "_bench_builder", lambda name: pytest.fail(f"bench:{name} resolved before the error"))
+    return tmp_path
+
+
+def _bench_experiment(tmp_path, arms=None, **more):
+    arms = arms or {"gppo": {}, "clip_higher": {"trainer.loss_mode": "ppo_clip"}}
+    return write_experiment(tmp_path / "exp.yaml", "errors", "rl_bench_arith", arms, tmp_path / "out", **more)
+
+
+def _one_line_error(capsys, argv) -> str:
+    from klear.cli import main as klear_main
+
+    assert klear_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_mapping_arm_override_keeps_the_base_sections_other_keys(unbuilt_bench):
+    path = _bench_experiment(unbuilt_bench, arms={"gppo": {}, "b": {"trainer": {"loss_mode": "ppo_clip"}}})
+    exp = load_experiment(path)
+    runs = plan_runs(exp, [0], unbuilt_bench / "out")
+    base, arm = runs["gppo/seed0"]["trainer"], runs["b/seed0"]["trainer"]
+    assert arm["loss_mode"] == "ppo_clip" and base.get("loss_mode") != "ppo_clip"
+    assert {k: v for k, v in arm.items() if k != "loss_mode"} == {k: v for k, v in base.items() if k != "loss_mode"}
+
+
+@pytest.mark.parametrize(
+    "where, overrides",
+    [
+        ("arms", {"trainer.seed": 7}),
+        ("arms", {"output_dir": "/tmp/elsewhere"}),
+        ("arms", {"trainer": {"seed": 7, "loss_mode": "ppo_clip"}}),
+        ("overrides", {"trainer.seed": 7}),
+    ],
+)
+def test_overrides_of_what_the_experiment_sets_per_run_are_refused(unbuilt_bench, capsys, where, overrides):
+    """An arm's `trainer.seed` or `output_dir` was silently replaced by the seed's and the run's own."""
+    if where == "arms":
+        path = _bench_experiment(unbuilt_bench, arms={"gppo": {}, "b": overrides})
+    else:
+        path = _bench_experiment(unbuilt_bench, overrides=overrides)
+    err = _one_line_error(capsys, ["experiment", "--config", str(path)])
+    key = "output_dir" if "output_dir" in overrides else "trainer.seed"
+    assert f"{path}: {'arms.b' if where == 'arms' else 'overrides'}: {key} is set by the experiment" in err
+
+
+@pytest.mark.parametrize("seeds", ["1,,2", ",1", "", "+1", "1_0", "\u0663", "1, x"])
+def test_seeds_on_the_command_line_drop_or_reinterpret_nothing(unbuilt_bench, capsys, seeds):
+    path = _bench_experiment(unbuilt_bench)
+    err = _one_line_error(capsys, ["experiment", "--config", str(path), "--seeds", seeds])
+    assert f"--seeds {seeds!r} must be comma-separated integers >= 0" in err
+
+
+def test_output_problems_are_one_line_errors_before_any_model(unbuilt_bench, capsys):
+    path = _bench_experiment(unbuilt_bench)
+    afile = unbuilt_bench / "afile"
+    afile.write_text("x")
+    for output in (afile, afile / "sub"):
+        err = _one_line_error(capsys, ["experiment", "--config", str(path), "--output", str(output)])
+        assert str(output) in err and ("not a directory" in err or "cannot create" in err), err
+    out = unbuilt_bench / "out"
+    (out / "gppo").mkdir(parents=True)
+    (out / "gppo" / "seed0").write_text("x")  # a run's folder that is a file
+    err = _one_line_error(capsys, ["experiment", "--config", str(path), "--resume"])
+    assert f"{out / 'gppo' / 'seed0'}: a run's folder is not a directory" in err
+    (out / "gppo" / "seed0").unlink()
+    for plan in ("{", "[1, 2]", None):
+        (out / "plan.json").unlink(missing_ok=True)
+        if plan is None:
+            (out / "plan.json").mkdir()
+        else:
+            (out / "plan.json").write_text(plan)
+        err = _one_line_error(capsys, ["experiment", "--config", str(path)])
+        assert err.startswith(f"klear experiment: error: {out / 'plan.json'}: not ") and "another --output" in err
+
+
+def test_a_missing_model_is_named_with_the_experiment_and_run(unbuilt_bench, capsys):
+    recipe = yaml.safe_load(find_config("rl_bench_arith").read_text())
+    (unbuilt_bench / "base.yaml").write_text(yaml.safe_dump({**recipe, "model": "./does/not/exist"}))
+    path = write_experiment(unbuilt_bench / "exp.yaml", "errors", "base.yaml", {"gppo": {}}, unbuilt_bench / "out")
+    err = _one_line_error(capsys, ["experiment", "--config", str(path)])
+    assert f"{path}: gppo/seed0: model: model './does/not/exist'" in err
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("", "the file is empty"),
+        ("name: x\narms: [1\n", "not valid YAML: line 3, column 1: "),
+        ("arms: {a: {}}\narms: {b: {}}\n", "not valid YAML: line 2, column 1: key 'arms' is given twice"),
+    ],
+)
+def test_an_experiment_file_that_is_not_one_says_why_and_where(tmp_path, capsys, text, needle):
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    assert needle in _one_line_error(capsys, ["experiment", "--config", str(path)])

@@ -24,6 +24,24 @@ class _Yaml12BoolLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` whose booleans are YAML 1.2's (``true``/``false`` only)."""
 
 
+def _construct_mapping_once(loader, node, deep=False):
+    """``SafeLoader.construct_mapping`` refusing a key given twice in one mapping (PyYAML keeps the last silently);
+    keys brought in by ``<<`` merges may be overridden, as YAML intends."""
+    seen = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, (str, int, float, bool)) or key is None:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in this mapping", key_node.start_mark
+                )
+            seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_Yaml12BoolLoader.construct_mapping = _construct_mapping_once  # type: ignore[method-assign]
 _Yaml12BoolLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -34,7 +52,8 @@ _Yaml12BoolLoader.add_implicit_resolver(
 
 
 def load_yaml(text: str) -> Any:
-    """Parse YAML text the way every recipe and override is read (YAML 1.2 booleans)."""
+    """Parse YAML text the way every recipe and override is read (YAML 1.2 booleans; a key given twice in one
+    mapping is an error, ``yaml.YAMLError`` with its line)."""
     return yaml.load(text, Loader=_Yaml12BoolLoader)  # a SafeLoader subclass
 
 
@@ -121,8 +140,31 @@ def _coerce_numbers(obj: Any) -> Any:
     return obj
 
 
+def set_key(config: dict[str, Any], parts: list[str], value: Any, where: str) -> None:
+    """``config[p0]...[pn] = value`` in place, creating sections: the one rule for every override (``klear rl``'s
+    ``key=value``, ``klear experiment``'s arms). A mapping value set on an existing section merges into it key by
+    key (recursively), as recipes compose: ``trainer: {loss_mode: ppo_clip}`` changes one key and keeps the rest.
+
+    Raises:
+        ValueError: a part that descends into a non-mapping value (the message starts with ``where``).
+    """
+    node = config
+    for i, part in enumerate(parts[:-1]):
+        if node.get(part) is None:
+            node[part] = {}
+        if not isinstance(node[part], dict):
+            raise ValueError(f"{where}: {'.'.join(parts[: i + 1])} is not a section")
+        node = node[part]
+    last = parts[-1]
+    if isinstance(value, dict) and isinstance(node.get(last), dict):
+        for key, sub in value.items():
+            set_key(node, [last, str(key)], sub, where)
+    else:
+        node[last] = copy.deepcopy(value)
+
+
 def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a deep copy of ``config`` with each ``key=value`` override applied (creating sections as needed).
+    """Return a deep copy of ``config`` with each ``key=value`` override applied (:func:`set_key`).
 
     Raises:
         ValueError: a malformed override, or one that descends into a non-mapping value.
@@ -130,14 +172,7 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
     out = copy.deepcopy(config)
     for text in overrides:
         parts, value = parse_override(text)
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            if part not in node or node[part] is None:
-                node[part] = {}
-            if not isinstance(node[part], dict):
-                raise ValueError(f"override {text!r}: {'.'.join(parts[: i + 1])} is not a section")
-            node = node[part]
-        node[parts[-1]] = value
+        set_key(out, parts, value, f"override {text!r}")
     return out
 
 

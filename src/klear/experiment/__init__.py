@@ -66,13 +66,16 @@ from __future__ import annotations
 import copy
 import json
 import queue
+import re
 import shutil
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klear.config import CONFIG_DIR, find_config, load_config, load_yaml
+import yaml
+
+from klear.config import CONFIG_DIR, find_config, load_config, load_yaml, set_key, yaml_error_line
 from klear.recipe import check_section_keys
 
 EXPERIMENT_DIR = CONFIG_DIR / "experiments"
@@ -148,7 +151,8 @@ def find_experiment(name_or_path: str | Path) -> Path:
 
 
 def set_dotted(config: dict[str, Any], key: str, value: Any, where: str) -> None:
-    """Set ``config[a][b][c] = value`` for ``key = "a.b.c"`` in place, creating sections (as ``klear rl`` overrides).
+    """Set ``config[a][b][c] = value`` for ``key = "a.b.c"`` in place, as ``klear rl`` overrides
+    (:func:`klear.config.set_key`: sections created, a mapping value merged into an existing section).
 
     Raises:
         ValueError: an empty key part, or a part that descends into a non-mapping value (names ``where``).
@@ -156,14 +160,7 @@ def set_dotted(config: dict[str, Any], key: str, value: Any, where: str) -> None
     parts = str(key).split(".")
     if any(not p for p in parts):
         raise ValueError(f"{where}: key {key!r} has an empty part")
-    node = config
-    for i, part in enumerate(parts[:-1]):
-        if node.get(part) is None:
-            node[part] = {}
-        if not isinstance(node[part], dict):
-            raise ValueError(f"{where}: key {key!r}: {'.'.join(parts[: i + 1])} is not a section")
-        node = node[part]
-    node[parts[-1]] = copy.deepcopy(value)
+    set_key(config, parts, value, f"{where}: key {key!r}")
 
 
 def _overrides(section: Any, where: str) -> dict[str, Any]:
@@ -172,6 +169,26 @@ def _overrides(section: Any, where: str) -> dict[str, Any]:
     if not isinstance(section, dict):
         raise ValueError(f"{where} must be a mapping of dotted keys to values, got {type(section).__name__}")
     return dict(section)
+
+
+#: Keys the experiment sets for each run (from ``seeds`` and ``output_dir``); an override of them would be lost.
+_PER_RUN_KEYS = ("trainer.seed", "output_dir")
+
+
+def _check_not_per_run(key: Any, value: Any, where: str) -> None:
+    """Refuse an override of a key :func:`plan_runs` sets for every run (dotted, or inside a mapping value)."""
+    keys = [str(key)]
+    while keys:
+        k = keys.pop()
+        if k in _PER_RUN_KEYS:
+            raise ValueError(
+                f"{where}: {k} is set by the experiment for each run (from its seeds / output_dir), not by an override"
+            )
+        sub = value
+        for part in k.split(".")[len(str(key).split(".")) :]:
+            sub = sub.get(part) if isinstance(sub, dict) else None
+        if isinstance(sub, dict):
+            keys += [f"{k}.{child}" for child in sub]
 
 
 def _seeds(value: Any, where: str) -> list[int]:
@@ -192,11 +209,10 @@ def parse_seeds(text: str) -> list[int]:
     Raises:
         ValueError: an entry that is not an integer >= 0, or a repeated seed.
     """
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds {text!r} must be comma-separated integers, e.g. 0,1,2") from None
-    return _seeds(seeds, "--seeds")
+    entries = [s.strip() for s in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]+", s, flags=re.ASCII) for s in entries):
+        raise ValueError(f"--seeds {text!r} must be comma-separated integers >= 0, e.g. 0,1,2")
+    return _seeds([int(s) for s in entries], "--seeds")
 
 
 def check_jobs(value: Any, where: str) -> int:
@@ -222,8 +238,14 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     path = find_experiment(name_or_path)
     try:
         spec = load_yaml(path.read_text())
-    except Exception as e:  # yaml.YAMLError: one line
-        raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if spec is None:
+        raise ValueError(
+            f"{path}: the file is empty (an experiment needs base, arms and seeds; see docs/experiments.md)"
+        )
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(spec).__name__}")
     check_section_keys(spec, _TOP_KEYS, "the top level", str(path))
@@ -235,6 +257,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     local = (path.parent / str(spec["base"])).resolve()
     base, _ = load_config(local if local.is_file() else find_config(str(spec["base"])))
     for key, value in _overrides(spec.get("overrides"), f"{path}: 'overrides'").items():
+        _check_not_per_run(key, value, f"{path}: overrides")
         set_dotted(base, key, value, f"{path}: overrides")
     arms_spec = spec.get("arms")
     if not isinstance(arms_spec, dict) or not arms_spec:
@@ -244,6 +267,8 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         if not isinstance(arm, str) or not arm.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"{path}: arm name {arm!r} must be letters, digits, '_' or '-' (it names a directory)")
         arms[arm] = _overrides(section, f"{path}: arms.{arm}")
+        for key, value in arms[arm].items():
+            _check_not_per_run(key, value, f"{path}: arms.{arm}")
     reference = spec.get("reference", next(iter(arms)))
     if not isinstance(reference, str) or reference not in arms:
         raise ValueError(f"{path}: reference={reference!r} is not an arm (arms: {list(arms)})")
@@ -313,7 +338,16 @@ def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
 def _check_plan(out: Path, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The saved plan merged with ``runs``; raises ``ValueError`` when an existing run's recipe changed."""
     path = out / PLAN_FILE
-    saved = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+    saved: Any = {"runs": {}}
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"{path}: not a readable experiment plan ({e}); remove it or use another --output"
+            ) from None
+        if not isinstance(saved, dict) or not isinstance(saved.get("runs"), dict):
+            raise ValueError(f"{path}: not an experiment plan (no 'runs' mapping); remove it or use another --output")
     for run, config in runs.items():
         old = saved["runs"].get(run)
         planned = json.loads(json.dumps(config))
@@ -623,10 +657,14 @@ def run_experiment(
             )
         print(f"{exp.source}: jobs: {jobs} is for CPU runs; these use the GPU, so they run one at a time", flush=True)
         jobs = 1
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: the experiment's output is not a directory; use another --output")
     plan = _check_plan(out, runs)
     todo, done_steps = [], 0
     for run, config in runs.items():
         run_dir = out / run
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ValueError(f"{run_dir}: a run's folder is not a directory; remove it or use another --output")
         steps = config["trainer"]["max_steps"]
         if (run_dir / "eval.json").is_file():
             done_steps += steps
@@ -642,11 +680,20 @@ def run_experiment(
             else:
                 resume_run, done_steps = True, done_steps + step
         todo.append((run, config, resume_run))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{out}: cannot create the experiment's output directory ({e.strerror})") from None
     # each run's model once, here, before any run starts: runs side by side (spawned processes) would each build a
     # missing bench: model or convert the embedded one into the same cache folder
-    for model in dict.fromkeys(str(config["model"]) for _, config, _ in todo):
-        resolve_model_path(model)
-    out.mkdir(parents=True, exist_ok=True)
+    first_run: dict[str, str] = {}
+    for run, config, _ in todo:
+        first_run.setdefault(str(config["model"]), run)
+    for model, run in first_run.items():
+        try:
+            resolve_model_path(model)
+        except (FileNotFoundError, ValueError) as e:
+            raise type(e)(f"{exp.source}: {run}: model: {e}") from None
     plan.update(experiment=exp.name, source=str(exp.source), reference=exp.reference, arms=list(exp.arms))
     plan["seeds"] = seeds
     jobs = min(jobs, max(1, len(todo)))  # runs at a time: never more than there are runs to do

@@ -387,6 +387,15 @@ def build_bench_model(name: str, target: Path, *, work_dir: Path | None = None, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _built_record(marker: Path) -> dict | None:
+    """The ``bench.json`` record of a built model; None when missing or unreadable (then the model is rebuilt)."""
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def ensure_bench_model(name: str) -> Path:
     """The folder of bench model ``name``, built first unless it is cached with its current spec. Prints a line
     before and after building.
@@ -399,7 +408,8 @@ def ensure_bench_model(name: str) -> Path:
     spec = _spec(name)
     target = bench_model_dir(name)
     marker = target / BENCH_MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("key") == spec.key():
+    record = _built_record(marker)
+    if record is not None and record.get("key") == spec.key():
         return target
     print(f"building bench model {name!r} in {target} (once; klear sft from scratch)", flush=True)
     record = build_bench_model(name, target)
@@ -436,23 +446,24 @@ def add_parser(subparsers) -> None:
 
 
 def _run_cli(ns) -> int:
-    from klear.models.embedded import BENCH_MARKER, bench_model_dir
+    from klear.models.embedded import BENCH_MARKER, BENCH_PREFIX, bench_model_dir
 
     if ns.action == "list":
         for name, spec in sorted(BENCH_MODELS.items()):
             marker = bench_model_dir(name) / BENCH_MARKER
+            record = _built_record(marker)
             state = "not built"
-            if marker.is_file():
-                record = json.loads(marker.read_text())
-                state = (
-                    f"built, accuracy {record['accuracy']:.3f}"
-                    if record.get("key") == spec.key()
-                    else "stale (spec changed; rebuilt on next use)"
-                )
+            if record is not None and record.get("key") == spec.key():
+                state = f"built, accuracy {record.get('accuracy', float('nan')):.3f}"
+            elif record is not None:
+                state = "stale (spec changed; rebuilt on next use)"
+            elif marker.exists():
+                state = f"unreadable {marker} (rebuilt on next use)"
             print(f"bench:{name}  {spec.description}  [{state}]")
         return 0
     if ns.name is None:
         raise ValueError("klear bench build needs a model name (klear bench list names them)")
+    ns.name = ns.name.removeprefix(BENCH_PREFIX)  # as recipes name it: bench:arith
     _spec(ns.name)
     if ns.force:
         shutil.rmtree(bench_model_dir(ns.name), ignore_errors=True)

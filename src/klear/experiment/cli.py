@@ -8,7 +8,7 @@ def _run(ns) -> int:
     from klear.experiment import load_experiment, parse_seeds, run_experiment
 
     exp = load_experiment(ns.config)
-    seeds = parse_seeds(ns.seeds) if ns.seeds else None
+    seeds = parse_seeds(ns.seeds) if ns.seeds is not None else None
     try:
         run_experiment(exp, seeds=seeds, resume=ns.resume, output_dir=ns.output, jobs=ns.jobs)
     except KeyboardInterrupt:
