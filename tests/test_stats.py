@@ -94,3 +94,15 @@ def test_seed_paired_comparison_by_hand():
     assert c["p_improvement"] == pytest.approx(4 / 9)  # 0.495 and 0.469 each beat 0.45 and 0.43
     assert 0.0 <= c["p_improvement_low"] <= 4 / 9 <= c["p_improvement_high"] <= 1.0
     assert c == seed_paired_comparison(ref, arm)  # the bootstrap is seeded
+
+
+@pytest.mark.parametrize("shift", [5 / 256, 0.0])
+def test_seeds_that_tie_leave_the_comparison_undecided(shift):
+    """Two seeds that each differ by exactly 5 of 256 problems have no spread: the report called that p 0, an
+    interval of zero width and an MDE of 0 (decided)."""
+    ref = {0: 150 / 256, 1: 140 / 256}
+    c = seed_paired_comparison(ref, {s: v + shift for s, v in ref.items()})
+    assert c["mean_diff"] == pytest.approx(shift) and c["sd_diff"] == 0.0
+    assert c["p"] is None and c["ci_low"] is None and c["ci_high"] is None
+    assert c["mde"] is None and c["seeds_needed"] is None
+    assert c["p_improvement"] == (0.75 if shift else 0.5)  # over all 4 pairs of runs, ties 1/2

@@ -282,10 +282,12 @@ def seed_paired_comparison(
 
     Returns:
         ``n`` (seeds both have), ``mean_diff`` (arm - reference) with its Student-t interval ``ci_low``/``ci_high``
-        and two-sided paired t-test ``p`` (None for fewer than 2 seeds; ``p`` 1.0 when every difference is 0);
-        ``sd_diff`` (sample SD of the differences); ``mde`` (:func:`minimum_detectable_effect` at ``power`` for
-        these seeds); ``seeds_needed`` (``{effect: seeds}``, :func:`seeds_for_effect`; None when ``sd_diff`` is
-        0); ``p_improvement`` (:func:`probability_of_improvement`) with a percentile bootstrap interval
+        and two-sided paired t-test ``p``; ``sd_diff`` (sample SD of the differences); ``mde``
+        (:func:`minimum_detectable_effect` at ``power`` for these seeds); ``seeds_needed`` (``{effect: seeds}``,
+        :func:`seeds_for_effect`). The interval, ``p``, ``mde`` and ``seeds_needed`` are None for fewer than 2 seeds,
+        and when every seed's difference is the same (``sd_diff`` 0: a few seeds that happen to tie, e.g. accuracies
+        in steps of 1/256, say nothing about the spread, and a zero-width interval would read as decided);
+        ``p_improvement`` (:func:`probability_of_improvement`) with a percentile bootstrap interval
         ``p_improvement_low``/``_high`` (``scipy.stats.bootstrap``, each arm's seeds resampled independently).
 
     Raises:
@@ -304,11 +306,6 @@ def seed_paired_comparison(
     if n < 2:
         return {**out, "ci_low": None, "ci_high": None, "p": None, "sd_diff": None, "mde": None, "seeds_needed": None}
     sd = statistics.stdev(d)
-    interval = mean_ci(d, confidence)  # the Student-t interval of the differences
-    if sd == 0:  # every difference equal: the t statistic is undefined
-        p = 1.0 if out["mean_diff"] == 0 else 0.0
-    else:
-        p = float(sps.ttest_1samp(d, 0.0).pvalue)
     boot = sps.bootstrap(
         (xs, ys),
         lambda a, b: probability_of_improvement(a, b),
@@ -319,16 +316,19 @@ def seed_paired_comparison(
         confidence_level=confidence,
         random_state=random_state,
     )
+    out.update(
+        sd_diff=sd,
+        p_improvement_low=float(boot.confidence_interval.low),
+        p_improvement_high=float(boot.confidence_interval.high),
+    )
+    if sd == 0:  # every difference equal: the t statistic, the interval and the power are undefined
+        return {**out, "ci_low": None, "ci_high": None, "p": None, "mde": None, "seeds_needed": None}
+    interval = mean_ci(d, confidence)  # the Student-t interval of the differences
     return {
         **out,
         "ci_low": interval["low"],
         "ci_high": interval["high"],
-        "p": p,
-        "sd_diff": sd,
+        "p": float(sps.ttest_1samp(d, 0.0).pvalue),
         "mde": minimum_detectable_effect(sd, n, alpha=1 - confidence, power=power),
-        "seeds_needed": {str(e): seeds_for_effect(sd, e, alpha=1 - confidence, power=power) for e in effects}
-        if sd > 0
-        else None,
-        "p_improvement_low": float(boot.confidence_interval.low),
-        "p_improvement_high": float(boot.confidence_interval.high),
+        "seeds_needed": {str(e): seeds_for_effect(sd, e, alpha=1 - confidence, power=power) for e in effects},
     }

@@ -392,9 +392,12 @@ def format_report(exp, summary: dict[str, Any]) -> str:
     ]
     for arm, endpoint, c in rows:
         if c["ci_low"] is None:
-            lines.append(f"| {arm} | {endpoint} | {c['n']} | {c['mean_diff']:+.3f} (one seed: no interval) | | | | | |")
+            why = (
+                "one seed: no interval" if c["n"] < 2 else "every seed's difference the same: spread unknown, undecided"
+            )
+            lines.append(f"| {arm} | {endpoint} | {c['n']} | {c['mean_diff']:+.3f} ({why}) | | | | | |")
             continue
-        needed = " / ".join(str(v) for v in c["seeds_needed"].values()) if c["seeds_needed"] else "n/a (SD 0)"
+        needed = " / ".join(str(v) for v in c["seeds_needed"].values())
         lines.append(
             f"| {arm} | {endpoint} | {c['n']} | {c['mean_diff']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | "
             f"{c['p']:.2g} | "
