@@ -189,7 +189,10 @@ def test_experiment_on_a_bench_model_through_the_cli(tiny_bench, capsys):
     }
     (tiny_bench / "exp.yaml").write_text(yaml.safe_dump(exp))
     assert klear_main(["experiment", "--config", str(tiny_bench / "exp.yaml")]) == 0
-    assert capsys.readouterr().out.count("building bench model 'tiny'") == 1
+    out = capsys.readouterr().out
+    assert out.count("building bench model 'tiny'") == 1
+    log = bench.build_log_path("tiny", embedded.bench_model_dir("tiny"))
+    assert "SFT model:" not in out and "SFT model:" in log.read_text()  # the build's temporary paths stay in its log
     summary = json.loads((tiny_bench / "exp" / "summary.json").read_text())
     assert set(summary["arms"]) == {"gppo", "clip_higher"}
     report = (tiny_bench / "exp" / "report.md").read_text()

@@ -159,7 +159,9 @@ def test_trainer_section_is_made_explicit(fake_gpu):
         "use_cpu": True,
         "gradient_checkpointing": False,
     }
-    assert prec.describe() == "precision: float32 on cpu (requested: auto)"
+    assert prec.describe() == "precision: float32 on cpu (bf16: auto)"
+    assert P.Precision("cpu", "float32", requested=False).describe() == "precision: float32 on cpu (bf16: false)"
+    assert P.Precision("cuda", "float16", requested="fp16").describe() == "precision: float16 on cuda (fp16: true)"
     fake_gpu(H100)
     cfg, prec = P.resolve_trainer_precision({"gradient_checkpointing": "auto"})
     assert cfg == {"bf16": True, "fp16": False, "gradient_checkpointing": True} and prec.dtype == "bfloat16"

@@ -80,8 +80,10 @@ class Precision:
         return asdict(self)
 
     def describe(self) -> str:
-        """One line for the start of a run, e.g. ``precision: float32 on cpu (bf16: auto)``."""
-        return f"precision: {self.dtype} on {self.device} (requested: {self.requested})"
+        """One line for the start of a run naming the setting as a recipe writes it, e.g. ``precision: float32 on
+        cpu (bf16: auto)``."""
+        asked = "fp16: true" if self.requested == "fp16" else f"bf16: {str(self.requested).lower()}"
+        return f"precision: {self.dtype} on {self.device} ({asked})"
 
 
 @dataclass(frozen=True)

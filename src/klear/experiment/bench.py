@@ -9,7 +9,8 @@ Build: on first use (``klear rl`` / ``klear sft`` / ``klear experiment`` with a 
 ``klear bench build <name>``), in ``<cache>/models/bench-<name>`` (:func:`klear.models.embedded.bench_model_dir`).
 The build is deterministic (fixed seeds, float32 on CPU) and keyed by its spec: a cached model whose
 ``bench.json`` records another spec is rebuilt. The folder is written elsewhere and renamed into place, so an
-interrupted build is redone, never half-used. ``bench.json`` records the spec, the band and the measured
+interrupted build is redone, never half-used; the ``klear sft`` run's printed output goes to
+``<cache>/models/bench-<name>.build.log`` (:func:`build_log_path`). ``bench.json`` records the spec, the band and the measured
 sampled accuracy (avg@n on held-out problems, the same measurement ``klear rl`` makes before training).
 
 Errors: a build whose accuracy lands outside the band raises :class:`BenchBuildError` (the spec, not the run,
@@ -18,6 +19,7 @@ is wrong: change the SFT steps or the difficulty).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -319,6 +321,12 @@ def select_checkpoint(steps: list[int], accuracy_at, band: tuple[float, float]) 
     return best, seen
 
 
+def build_log_path(name: str, target: Path) -> Path:
+    """Where a build of bench model ``name`` into ``target`` writes its ``klear sft`` run's printed output (beside
+    the model folder, kept after the build, failed or not)."""
+    return target.parent / f"bench-{name}.build.log"
+
+
 def build_bench_model(name: str, target: Path, *, work_dir: Path | None = None, check_band: bool = True) -> dict:
     """Build bench model ``name`` into ``target`` (atomically) and return its ``bench.json`` record.
 
@@ -345,7 +353,9 @@ def build_bench_model(name: str, target: Path, *, work_dir: Path | None = None, 
         parameters = sum(p.numel() for p in model.parameters())
         model.save_pretrained(init_dir)
         tokenizer.save_pretrained(init_dir)
-        run_sft(sft_config(spec, str(init_dir), str(tmp / "sft")), source=f"bench:{name}")
+        # the SFT run's printed output (loss lines, its temporary paths) goes to the build log; progress stays
+        with open(build_log_path(name, target), "w") as log, contextlib.redirect_stdout(log):
+            run_sft(sft_config(spec, str(init_dir), str(tmp / "sft")), source=f"bench:{name}")
         sft_seconds = time.perf_counter() - start
         complete, _ = complete_checkpoints(tmp / "sft" / "checkpoints")
         checkpoints = {step: p for p in complete if (step := checkpoint_step(p)) is not None}
@@ -411,7 +421,11 @@ def ensure_bench_model(name: str) -> Path:
     record = _built_record(marker)
     if record is not None and record.get("key") == spec.key():
         return target
-    print(f"building bench model {name!r} in {target} (once; klear sft from scratch)", flush=True)
+    print(
+        f"building bench model {name!r} in {target} (once; klear sft from scratch, its output in "
+        f"{build_log_path(name, target)})",
+        flush=True,
+    )
     record = build_bench_model(name, target)
     print(
         f"bench model {name!r}: sampled held-out accuracy {record['accuracy']:.3f} ({record['accuracy_measure']}), "
