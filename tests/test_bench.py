@@ -199,6 +199,8 @@ def test_experiment_on_a_bench_model_through_the_cli(tiny_bench, capsys):
     assert "| SD of diffs | MDE |" in report and "mde" in summary["arms"]["clip_higher"]["seeds_vs_reference"]
     for run in ("gppo/seed0", "gppo/seed1", "clip_higher/seed0", "clip_higher/seed1"):
         assert (tiny_bench / "exp" / run / "eval.json").is_file(), run
+        log = (tiny_bench / "exp" / f"{run}.log").read_text()
+        assert log.startswith(f"\n==== {tiny_bench / 'exp.yaml'}: {run}: started "), log[:200]
     assert klear_main(["bench", "list"]) == 0
     assert "bench:tiny  tiny test spec  [built, accuracy" in capsys.readouterr().out
 

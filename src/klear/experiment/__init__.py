@@ -68,6 +68,7 @@ import json
 import queue
 import re
 import shutil
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -428,6 +429,9 @@ def _child_run(stage, config, source, resume, callbacks, threads, ticks, result,
     try:
         if log is not None:
             _output_to(log)
+            # a header per start: a run restarted by --resume appends to the killed run's log
+            started = time.strftime("%Y-%m-%d %H:%M:%S")
+            print(f"\n==== {source}: {'resumed' if resume else 'started'} {started} ====", flush=True)
         if threads is not None:
             import torch
 
