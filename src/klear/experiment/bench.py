@@ -10,8 +10,8 @@ Build: on first use (``klear rl`` / ``klear sft`` / ``klear experiment`` with a 
 The build is deterministic (fixed seeds, float32 on CPU) and keyed by its spec: a cached model whose
 ``bench.json`` records another spec is rebuilt. The folder is written elsewhere and renamed into place, so an
 interrupted build is redone, never half-used; the ``klear sft`` run's printed output goes to
-``<cache>/models/bench-<name>.build.log`` (:func:`build_log_path`). ``bench.json`` records the spec, the band and the measured
-sampled accuracy (avg@n on held-out problems, the same measurement ``klear rl`` makes before training).
+``<cache>/models/bench-<name>.build.log`` (:func:`build_log_path`). ``bench.json`` records the spec, the band and
+the measured sampled accuracy (avg@n on held-out problems, as ``klear rl`` measures before training with its own n).
 
 Errors: a build whose accuracy lands outside the band raises :class:`BenchBuildError` (the spec, not the run,
 is wrong: change the SFT steps or the difficulty).
