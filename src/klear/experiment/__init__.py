@@ -696,8 +696,10 @@ def run_experiment(
     for model, run in first_run.items():
         try:
             resolve_model_path(model)
-        except (FileNotFoundError, ValueError) as e:
-            raise type(e)(f"{exp.source}: {run}: model: {e}") from None
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{exp.source}: {run}: model: {e}") from None
+        except ValueError as e:  # an unknown bench: name, a bench build outside its band
+            raise ValueError(f"{exp.source}: {run}: model: {e}") from None
     plan.update(experiment=exp.name, source=str(exp.source), reference=exp.reference, arms=list(exp.arms))
     plan["seeds"] = seeds
     jobs = min(jobs, max(1, len(todo)))  # runs at a time: never more than there are runs to do
