@@ -883,6 +883,16 @@ def test_a_missing_model_is_named_with_the_experiment_and_run(unbuilt_bench, cap
 
 
 @pytest.mark.parametrize(
+    "base, needle", [("nosuch_recipe", ": base: config 'nosuch_recipe' not found"), ("[a]", ": base must be a recipe")]
+)
+def test_a_bad_base_is_named_with_its_file_and_key(tmp_path, capsys, base, needle):
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"base: {base}\narms: {{gppo: {{}}}}\n")
+    err = _one_line_error(capsys, ["experiment", "--config", str(path)])
+    assert err.startswith(f"klear experiment: error: {path}") and needle in err, err
+
+
+@pytest.mark.parametrize(
     "text, needle",
     [
         ("", "the file is empty"),

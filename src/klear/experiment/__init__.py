@@ -255,8 +255,13 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         raise ValueError(f"{path}: stage={stage!r} is unknown; expected one of {sorted(STAGES)}")
     if not spec.get("base"):
         raise ValueError(f"{path}: 'base' (a klear {stage} recipe) is required")
-    local = (path.parent / str(spec["base"])).resolve()
-    base, _ = load_config(local if local.is_file() else find_config(str(spec["base"])))
+    if not isinstance(spec["base"], str):
+        raise ValueError(f"{path}: base must be a recipe's name or path, got {spec['base']!r}")
+    local = (path.parent / spec["base"]).resolve()
+    try:
+        base, _ = load_config(local if local.is_file() else find_config(spec["base"]))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{path}: base: {e}") from None
     for key, value in _overrides(spec.get("overrides"), f"{path}: 'overrides'").items():
         _check_not_per_run(key, value, f"{path}: overrides")
         set_dotted(base, key, value, f"{path}: overrides")
