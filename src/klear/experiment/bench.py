@@ -477,9 +477,9 @@ def _run_cli(ns) -> int:
         return 0
     if ns.name is None:
         raise ValueError("klear bench build needs a model name (klear bench list names them)")
-    ns.name = ns.name.removeprefix(BENCH_PREFIX)  # as recipes name it: bench:arith
-    _spec(ns.name)
+    name = ns.name.removeprefix(BENCH_PREFIX)  # as recipes name it: bench:arith
+    _spec(name)
     if ns.force:
-        shutil.rmtree(bench_model_dir(ns.name), ignore_errors=True)
-    print(ensure_bench_model(ns.name))
+        shutil.rmtree(bench_model_dir(name), ignore_errors=True)
+    print(ensure_bench_model(name))
     return 0
