@@ -176,20 +176,20 @@ def _overrides(section: Any, where: str) -> dict[str, Any]:
 _PER_RUN_KEYS = ("trainer.seed", "output_dir")
 
 
+def _dotted_keys(key: str, value: Any) -> list[str]:
+    """The dotted keys an override sets: ``key`` itself, and those inside a mapping value (``trainer: {seed: 1}``)."""
+    if not isinstance(value, dict):
+        return [key]
+    return [key, *(k for child, sub in value.items() for k in _dotted_keys(f"{key}.{child}", sub))]
+
+
 def _check_not_per_run(key: Any, value: Any, where: str) -> None:
     """Refuse an override of a key :func:`plan_runs` sets for every run (dotted, or inside a mapping value)."""
-    keys = [str(key)]
-    while keys:
-        k = keys.pop()
+    for k in _dotted_keys(str(key), value):
         if k in _PER_RUN_KEYS:
             raise ValueError(
                 f"{where}: {k} is set by the experiment for each run (from its seeds / output_dir), not by an override"
             )
-        sub = value
-        for part in k.split(".")[len(str(key).split(".")) :]:
-            sub = sub.get(part) if isinstance(sub, dict) else None
-        if isinstance(sub, dict):
-            keys += [f"{k}.{child}" for child in sub]
 
 
 def _seeds(value: Any, where: str) -> list[int]:
@@ -666,8 +666,10 @@ def run_experiment(
             )
         print(f"{exp.source}: jobs: {jobs} is for CPU runs; these use the GPU, so they run one at a time", flush=True)
         jobs = 1
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out}: the experiment's output is not a directory; use another --output")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in the way: before any model is resolved (or built)
+        raise ValueError(f"{out}: cannot create the experiment's output directory ({e.strerror})") from None
     plan = _check_plan(out, runs)
     todo, done_steps = [], 0
     for run, config in runs.items():
@@ -689,10 +691,6 @@ def run_experiment(
             else:
                 resume_run, done_steps = True, done_steps + step
         todo.append((run, config, resume_run))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{out}: cannot create the experiment's output directory ({e.strerror})") from None
     # each run's model once, here, before any run starts: runs side by side (spawned processes) would each build a
     # missing bench: model or convert the embedded one into the same cache folder
     first_run: dict[str, str] = {}
