@@ -645,7 +645,8 @@ def test_sft_job_drops_to_one_thread_when_other_work_shares_a_spinning_cpu(
     tmp_path, embedded_path, monkeypatch, caplog
 ):
     """Through `klear sft`'s job: with spinning waits (GOMP_SPINCOUNT) on 2 threads, other work that takes a core
-    (here: any measured work counts) puts the run on one thread at a step's end (klear.precision.CpuShareGuard)."""
+    (here: any measurement counts, CONTENDED_BUSY_CORES = -inf: over a 0 s window the other work measured can fall
+    below -1 core) puts the run on one thread at a step's end (klear.precision.CpuShareGuard)."""
     import logging
 
     import torch
@@ -656,7 +657,7 @@ def test_sft_job_drops_to_one_thread_when_other_work_shares_a_spinning_cpu(
 
     threads = torch.get_num_threads()
     monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
-    monkeypatch.setattr(precision, "CONTENDED_BUSY_CORES", -1.0)
+    monkeypatch.setattr(precision, "CONTENDED_BUSY_CORES", float("-inf"))
     monkeypatch.setattr(precision.CpuShareGuard, "MIN_INTERVAL_S", 0.0)
     overrides = [
         f"model={_tiny_checkpoint(tmp_path, embedded_path)}",
