@@ -106,6 +106,16 @@ def test_a_corrupt_bench_json_is_listed_as_unreadable_and_rebuilt(tiny_bench, ca
     assert json.loads(marker.read_text())["key"] == TINY.key()
 
 
+def test_bench_list_refuses_a_name_or_force(tiny_bench, capsys):
+    """`klear bench list arith` listed everything and ignored the name (as if it had been built or checked)."""
+    for argv, got in ((["bench", "list", "tiny"], "the name 'tiny'"), (["bench", "list", "--force"], "--force")):
+        assert klear_main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"klear bench: error: klear bench list takes no model name or --force (got {got})" in err
+        assert err.count("\n") == 1
+    assert not embedded.bench_model_dir("tiny").exists()
+
+
 def test_unknown_and_unbuilt_bench_models_name_the_fix(tiny_bench, monkeypatch):
     with pytest.raises(ValueError, match="unknown bench model 'nope'; the bench has: arith, sums_code"):
         embedded.resolve_model_path("bench:nope")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -92,7 +93,14 @@ def test_a_mapping_override_merges_into_its_section():
         "eval": {"every_steps": 4},
     }
     assert config["trainer"]["alpha"] == 0.1  # the input is not changed
-    assert apply_overrides(config, ["trainer.sub=3"])["trainer"]["sub"] == 3  # a non-mapping value replaces
+    # a scalar or list for a section was taken, then failed later on an unrelated key (an experiment's trainer.seed)
+    for text, shown in (("trainer.sub=3", "3"), ("trainer=[1]", "[1]")):
+        name = text.split("=")[0]
+        message = f"override '{text}': {name} is a section: give it a mapping or set one of its keys ({name}.KEY), not "
+        with pytest.raises(ValueError, match=f"^{re.escape(message + shown)}$"):
+            apply_overrides(config, [text])
+        assert apply_overrides(config, [f"{name}=null"]) is not None  # None may still clear a section
+    assert apply_overrides(config, ["trainer.sub=null"])["trainer"]["sub"] is None
     with pytest.raises(ValueError, match=r"^override 'model.x=1': model is not a section$"):
         apply_overrides(config, ["model.x=1"])
 

@@ -844,6 +844,14 @@ def test_overrides_of_what_the_experiment_sets_per_run_are_refused(unbuilt_bench
     assert f"{path}: {'arms.b' if where == 'arms' else 'overrides'}: {key} is set by the experiment" in err
 
 
+def test_a_scalar_arm_override_of_a_section_names_the_arm_and_section(unbuilt_bench, capsys):
+    """`arms: {b: {trainer: 5}}` was taken, then failed on the experiment's own key ('trainer.seed': trainer is not
+    a section), which the file never mentions."""
+    path = _bench_experiment(unbuilt_bench, arms={"gppo": {}, "b": {"trainer": 5}})
+    err = _one_line_error(capsys, ["experiment", "--config", str(path)])
+    assert f"{path}: arms.b: key 'trainer': trainer is a section: give it a mapping" in err and "seed" not in err
+
+
 @pytest.mark.parametrize("seeds", ["1,,2", ",1", "", "+1", "1_0", "\u0663", "1, x"])
 def test_seeds_on_the_command_line_drop_or_reinterpret_nothing(unbuilt_bench, capsys, seeds):
     path = _bench_experiment(unbuilt_bench)

@@ -146,7 +146,8 @@ def set_key(config: dict[str, Any], parts: list[str], value: Any, where: str) ->
     key (recursively), as recipes compose: ``trainer: {loss_mode: ppo_clip}`` changes one key and keeps the rest.
 
     Raises:
-        ValueError: a part that descends into a non-mapping value (the message starts with ``where``).
+        ValueError: a part that descends into a non-mapping value, or a value other than a mapping or None for an
+            existing section (the message starts with ``where``).
     """
     node = config
     for i, part in enumerate(parts[:-1]):
@@ -159,6 +160,11 @@ def set_key(config: dict[str, Any], parts: list[str], value: Any, where: str) ->
     if isinstance(value, dict) and isinstance(node.get(last), dict):
         for key, sub in value.items():
             set_key(node, [last, str(key)], sub, where)
+    elif isinstance(node.get(last), dict) and value is not None:
+        name = ".".join(parts)
+        raise ValueError(
+            f"{where}: {name} is a section: give it a mapping or set one of its keys ({name}.KEY), not {value!r}"
+        )
     else:
         node[last] = copy.deepcopy(value)
 

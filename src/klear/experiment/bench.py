@@ -463,6 +463,11 @@ def _run_cli(ns) -> int:
     from klear.models.embedded import BENCH_MARKER, BENCH_PREFIX, bench_model_dir
 
     if ns.action == "list":
+        if ns.name is not None or ns.force:
+            extra = f"the name {ns.name!r}" if ns.name is not None else "--force"
+            raise ValueError(
+                f"klear bench list takes no model name or --force (got {extra}); to build: klear bench build NAME"
+            )
         for name, spec in sorted(BENCH_MODELS.items()):
             marker = bench_model_dir(name) / BENCH_MARKER
             record = _built_record(marker)
