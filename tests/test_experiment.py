@@ -852,6 +852,29 @@ def test_a_scalar_arm_override_of_a_section_names_the_arm_and_section(unbuilt_be
     assert f"{path}: arms.b: key 'trainer': trainer is a section: give it a mapping" in err and "seed" not in err
 
 
+def test_a_fault_in_the_base_recipe_is_named_with_the_base_not_an_arm(unbuilt_bench, capsys):
+    """An unknown key in the base recipe was reported as the first arm's ("arm gppo, seed 0: unknown key(s) ...")."""
+    from klear.config import find_config
+
+    text = find_config("rl_bench_arith").read_text()
+    base = unbuilt_bench / "mybase.yaml"
+    base.write_text(text.replace("\ntrainer:\n", "\ntrainer:\n  bogus_key: 1\n", 1))
+    path = write_experiment(unbuilt_bench / "exp.yaml", "d", str(base), {"gppo": {}}, unbuilt_bench / "out")
+    err = _one_line_error(capsys, ["experiment", "--config", str(path)])
+    assert err.startswith(f"klear experiment: error: {path}: base {base} with the file's overrides: unknown key(s) ")
+    assert "'bogus_key' in 'trainer'" in err and "arm" not in err
+    # a fault the arms do not share stays the arm's; one that every arm mends is no fault
+    path = _bench_experiment(unbuilt_bench, arms={"gppo": {}, "b": {"trainer.bogus": 1}})
+    assert f"{path}: arm b, seed 0: unknown key(s) 'bogus' in 'trainer'" in _one_line_error(
+        capsys, ["experiment", "--config", str(path)]
+    )
+    assert "  num_generations: 8\n" in text
+    base.write_text(text.replace("  num_generations: 8\n", "  num_generations: 1\n"))  # below klear rl's minimum 2
+    arms = {"gppo": {"trainer.num_generations": 4}}
+    exp = load_experiment(write_experiment(unbuilt_bench / "exp2.yaml", "d", str(base), arms, unbuilt_bench / "o"))
+    assert plan_runs(exp, [0], unbuilt_bench / "o")["gppo/seed0"]["trainer"]["num_generations"] == 4
+
+
 @pytest.mark.parametrize("seeds", ["1,,2", ",1", "", "+1", "1_0", "\u0663", "1, x"])
 def test_seeds_on_the_command_line_drop_or_reinterpret_nothing(unbuilt_bench, capsys, seeds):
     path = _bench_experiment(unbuilt_bench)

@@ -118,7 +118,8 @@ class Experiment:
         ``overrides`` applied). arms: ``{arm: {dotted key: value}}`` in file order. reference: the reference arm.
         seeds: default seeds. output_dir: where the runs and the report go. keep_models: keep each finished
         run's ``final/`` and ``checkpoints/`` (default False: removed, see the module docstring). stage: ``rl`` or
-        ``sft`` (:data:`STAGES`). jobs: runs side by side (:func:`check_jobs`).
+        ``sft`` (:data:`STAGES`). jobs: runs side by side (:func:`check_jobs`). base_source: the base recipe's
+        path (None: not read from a file).
     """
 
     name: str
@@ -132,6 +133,7 @@ class Experiment:
     keep_models: bool = False
     stage: str = "rl"
     jobs: int = 1
+    base_source: Path | None = None
 
 
 def _stage_function(stage: str, which: int):
@@ -259,7 +261,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         raise ValueError(f"{path}: base must be a recipe's name or path, got {spec['base']!r}")
     local = (path.parent / spec["base"]).resolve()
     try:
-        base, _ = load_config(local if local.is_file() else find_config(spec["base"]))
+        base, base_source = load_config(local if local.is_file() else find_config(spec["base"]))
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{path}: base: {e}") from None
     for key, value in _overrides(spec.get("overrides"), f"{path}: 'overrides'").items():
@@ -300,6 +302,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         keep_models=keep_models,
         stage=stage,
         jobs=jobs,
+        base_source=base_source,
     )
 
 
@@ -307,10 +310,21 @@ def plan_runs(exp: Experiment, seeds: list[int], output_dir: Path) -> dict[str, 
     """Every run's recipe: ``{"<arm>/seed<k>": config}`` (arm order, then seed order), each validated.
 
     Raises:
-        ValueError: a run's recipe ``klear rl`` (``klear sft``) rejects (named with the arm and seed), or no
+        ValueError: a run's recipe ``klear rl`` (``klear sft``) rejects (named with the arm and seed, or with the base
+            recipe when the base with the file's ``overrides`` is rejected for the same reason), or no
             ``trainer.max_steps``.
     """
     validate_job_config = _stage_function(exp.stage, 1)
+    base_error = None  # what klear rl (sft) says of the base with the file's overrides, if anything
+    if seeds:
+        config = copy.deepcopy(exp.base)
+        set_dotted(config, "trainer.seed", seeds[0], f"{exp.source}: base")
+        config["output_dir"] = str(output_dir)
+        base = f"base {exp.base_source}" if exp.base_source is not None else "base"
+        try:
+            validate_job_config(config, "")
+        except ValueError as e:
+            base_error = (f"{exp.source}: {base} with the file's overrides", str(e).removeprefix(": "))
 
     runs = {}
     for arm, overrides in exp.arms.items():
@@ -322,7 +336,12 @@ def plan_runs(exp: Experiment, seeds: list[int], output_dir: Path) -> dict[str, 
                 set_dotted(config, key, value, f"{exp.source}: arms.{arm}")
             set_dotted(config, "trainer.seed", seed, where)
             config["output_dir"] = str(output_dir / arm / f"seed{seed}")
-            validate_job_config(config, where)
+            try:
+                validate_job_config(config, where)
+            except ValueError as e:  # the base's own fault, which the arm did not mend: name the base
+                if base_error is not None and str(e) == f"{where}: {base_error[1]}":
+                    raise ValueError(f"{base_error[0]}: {base_error[1]}") from None
+                raise
             steps = config["trainer"].get("max_steps")
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
                 raise ValueError(
