@@ -116,6 +116,46 @@ def test_bench_list_refuses_a_name_or_force(tiny_bench, capsys):
     assert not embedded.bench_model_dir("tiny").exists()
 
 
+def test_a_model_another_process_is_building_is_waited_for_and_listed_as_building(tiny_bench, monkeypatch, capsys):
+    """Two processes that needed the same unbuilt model (e.g. two `klear rl` runs started together on a fresh cache)
+    each built it, 5 minutes apiece, into the same folder; `klear bench list` said "not built" meanwhile."""
+    import subprocess
+    import sys
+    import threading
+
+    target = embedded.bench_model_dir("tiny")
+    lock = bench.build_lock_path("tiny", target)
+    target.parent.mkdir(parents=True)
+    holder = subprocess.Popen(  # another process: holds the build lock, "builds" (writes bench.json) when told
+        [
+            sys.executable,
+            "-c",
+            "import json, pathlib, sys; from filelock import FileLock\n"
+            f"lock = FileLock({str(lock)!r}); lock.acquire(); print('held', flush=True); sys.stdin.readline()\n"
+            f"target = pathlib.Path({str(target)!r}); target.mkdir()\n"
+            f"(target / {embedded.BENCH_MARKER!r}).write_text(json.dumps({{'key': {TINY.key()!r}}}))\n"
+            "lock.release()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert klear_main(["bench", "list"]) == 0
+        listed = capsys.readouterr().out
+        assert "bench:tiny  tiny test spec  [building now, by another process (its output in " in listed
+        monkeypatch.setattr(bench, "build_bench_model", lambda *a, **k: pytest.fail("built a second time"))
+        threading.Timer(1.0, lambda: (holder.stdin.write("go\n"), holder.stdin.flush())).start()
+        assert bench.ensure_bench_model("tiny") == target  # waits, then takes the other process's model
+        assert "waiting for another process building bench model 'tiny'" in capsys.readouterr().out
+        assert holder.wait(timeout=30) == 0
+    finally:
+        holder.kill()
+    assert klear_main(["bench", "list"]) == 0
+    assert "bench:tiny  tiny test spec  [built, accuracy " in capsys.readouterr().out  # the lock is free again
+
+
 def test_unknown_and_unbuilt_bench_models_name_the_fix(tiny_bench, monkeypatch):
     with pytest.raises(ValueError, match="unknown bench model 'nope'; the bench has: arith, sums_code"):
         embedded.resolve_model_path("bench:nope")

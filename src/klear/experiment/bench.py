@@ -327,6 +327,25 @@ def build_log_path(name: str, target: Path) -> Path:
     return target.parent / f"bench-{name}.build.log"
 
 
+def build_lock_path(name: str, target: Path) -> Path:
+    """The lock a build of bench model ``name`` into ``target`` holds (beside the model folder): one build at a time
+    per model across processes, and ``klear bench list`` says "building" while it is held."""
+    return target.parent / f"bench-{name}.lock"
+
+
+def _building(name: str, target: Path) -> bool:
+    """Whether another process holds ``name``'s build lock now."""
+    from filelock import FileLock, Timeout
+
+    if not build_lock_path(name, target).exists():
+        return False
+    try:
+        with FileLock(str(build_lock_path(name, target)), timeout=0):
+            return False
+    except Timeout:
+        return True
+
+
 def build_bench_model(name: str, target: Path, *, work_dir: Path | None = None, check_band: bool = True) -> dict:
     """Build bench model ``name`` into ``target`` (atomically) and return its ``bench.json`` record.
 
@@ -408,11 +427,14 @@ def _built_record(marker: Path) -> dict | None:
 
 def ensure_bench_model(name: str) -> Path:
     """The folder of bench model ``name``, built first unless it is cached with its current spec. Prints a line
-    before and after building.
+    before and after building. One process builds a model at a time (:func:`build_lock_path`); another that needs it
+    meanwhile waits, then takes the model that process built.
 
     Raises:
         ValueError: an unknown name. BenchBuildError: as :func:`build_bench_model`.
     """
+    from filelock import FileLock, Timeout
+
     from klear.models.embedded import BENCH_MARKER, bench_model_dir
 
     spec = _spec(name)
@@ -421,12 +443,25 @@ def ensure_bench_model(name: str) -> Path:
     record = _built_record(marker)
     if record is not None and record.get("key") == spec.key():
         return target
-    print(
-        f"building bench model {name!r} in {target} (once; klear sft from scratch, its output in "
-        f"{build_log_path(name, target)})",
-        flush=True,
-    )
-    record = build_bench_model(name, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(build_lock_path(name, target)))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"waiting for another process building bench model {name!r} ({build_log_path(name, target)})", flush=True)
+        lock.acquire()
+    try:
+        record = _built_record(marker)  # built by the process we waited for
+        if record is not None and record.get("key") == spec.key():
+            return target
+        print(
+            f"building bench model {name!r} in {target} (once; klear sft from scratch, its output in "
+            f"{build_log_path(name, target)})",
+            flush=True,
+        )
+        record = build_bench_model(name, target)
+    finally:
+        lock.release()
     print(
         f"bench model {name!r}: sampled held-out accuracy {record['accuracy']:.3f} ({record['accuracy_measure']}), "
         f"{record['parameters']:,} parameters, built in {record['build_seconds']:.0f} s",
@@ -472,7 +507,9 @@ def _run_cli(ns) -> int:
             marker = bench_model_dir(name) / BENCH_MARKER
             record = _built_record(marker)
             state = "not built"
-            if record is not None and record.get("key") == spec.key():
+            if _building(name, marker.parent):
+                state = f"building now, by another process (its output in {build_log_path(name, marker.parent)})"
+            elif record is not None and record.get("key") == spec.key():
                 state = f"built, accuracy {record.get('accuracy', float('nan')):.3f}"
             elif record is not None:
                 state = "stale (spec changed; rebuilt on next use)"
