@@ -875,6 +875,53 @@ def test_a_fault_in_the_base_recipe_is_named_with_the_base_not_an_arm(unbuilt_be
     assert plan_runs(exp, [0], unbuilt_bench / "o")["gppo/seed0"]["trainer"]["num_generations"] == 4
 
 
+@pytest.mark.parametrize(
+    "edit, arms, expected",
+    [
+        # an arm override that cannot be applied because the base's section is not one
+        (r"\neval:\n(  .*\n)+", {"gppo": {"eval.n_samples": 1}, "b": {}}, "'eval' must be a mapping"),
+        # no max_steps: every run lacks it; or one below 1
+        (r"\n  max_steps: 200 .*\n", {"gppo": {}}, "trainer.max_steps=None must be an integer >= 1"),
+        (r"\n  max_steps: 200 .*\n", {"gppo": {}}, "trainer.max_steps=-1 must be an integer >= 1"),
+    ],
+)
+def test_base_faults_an_arm_cannot_cause_are_named_with_the_base(unbuilt_bench, capsys, edit, arms, expected):
+    import re
+
+    from klear.config import find_config
+
+    text = find_config("rl_bench_arith").read_text()
+    replacement = {"eval": "\neval: 5\n", "None": "\n", "-1": "\n  max_steps: -1\n"}
+    key = next(k for k in replacement if k in expected)
+    edited, count = re.subn(edit, replacement[key], text, count=1)
+    assert count == 1
+    base = unbuilt_bench / "mybase.yaml"
+    base.write_text(edited)
+    path = write_experiment(unbuilt_bench / "exp.yaml", "d", str(base), arms, unbuilt_bench / "out")
+    err = _one_line_error(capsys, ["experiment", "--config", str(path)])
+    assert err.startswith(f"klear experiment: error: {path}: base {base} with the file's overrides: "), err
+    assert expected in err and "arm gppo" not in err and "arms." not in err, err
+
+
+def test_an_arm_fault_beside_a_different_base_fault_names_both(unbuilt_bench, capsys):
+    """The base has two faults; arm gppo mends the first, so its run fails on the second: that is reported with the
+    arm, and the base's own first fault is named too."""
+    from klear.config import find_config
+
+    text = find_config("rl_bench_arith").read_text()
+    base = unbuilt_bench / "mybase.yaml"
+    base.write_text(
+        text.replace("  learning_rate: 3.0e-5 ", "  learning_rate: abc ").replace(
+            "  max_grad_norm: 1.0", "  max_grad_norm: xyz"
+        )
+    )
+    arms = {"gppo": {"trainer.learning_rate": 1.0e-5}, "b": {}}
+    path = write_experiment(unbuilt_bench / "exp.yaml", "d", str(base), arms, unbuilt_bench / "out")
+    err = _one_line_error(capsys, ["experiment", "--config", str(path)])
+    assert f"{path}: arm gppo, seed 0: trainer.max_grad_norm='xyz'" in err, err
+    assert f"(and on its own, {path}: base {base} with the file's overrides: trainer.learning_rate='abc'" in err, err
+
+
 @pytest.mark.parametrize("seeds", ["1,,2", ",1", "", "+1", "1_0", "\u0663", "1, x"])
 def test_seeds_on_the_command_line_drop_or_reinterpret_nothing(unbuilt_bench, capsys, seeds):
     path = _bench_experiment(unbuilt_bench)

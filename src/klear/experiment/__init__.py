@@ -306,25 +306,38 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     )
 
 
+def _check_run(validate_job_config, config: dict[str, Any], where: str) -> None:
+    """``klear rl`` (``klear sft``)'s check of one run's recipe, and an integer ``trainer.max_steps`` >= 1."""
+    validate_job_config(config, where)
+    steps = config["trainer"].get("max_steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(
+            f"{where}: trainer.max_steps={steps!r} must be an integer >= 1 (the grid counts optimizer steps)"
+        )
+
+
 def plan_runs(exp: Experiment, seeds: list[int], output_dir: Path) -> dict[str, dict[str, Any]]:
     """Every run's recipe: ``{"<arm>/seed<k>": config}`` (arm order, then seed order), each validated.
 
     Raises:
-        ValueError: a run's recipe ``klear rl`` (``klear sft``) rejects (named with the arm and seed, or with the base
-            recipe when the base with the file's ``overrides`` is rejected for the same reason), or no
-            ``trainer.max_steps``.
+        ValueError: a run's recipe ``klear rl`` (``klear sft``) rejects, or no ``trainer.max_steps``; named with the
+            base recipe when the base with the file's ``overrides`` is rejected on its own and the run for the same
+            reason (or the arm's overrides cannot be applied to it), else with the arm and seed (and what is wrong
+            with the base, if anything).
     """
     validate_job_config = _stage_function(exp.stage, 1)
-    base_error = None  # what klear rl (sft) says of the base with the file's overrides, if anything
+    base_problem = None  # what is wrong with the base and the file's overrides on their own, if anything
+    base_where = (
+        f"{exp.source}: {'base ' + str(exp.base_source) if exp.base_source else 'base'} with the file's overrides"
+    )
     if seeds:
         config = copy.deepcopy(exp.base)
-        set_dotted(config, "trainer.seed", seeds[0], f"{exp.source}: base")
         config["output_dir"] = str(output_dir)
-        base = f"base {exp.base_source}" if exp.base_source is not None else "base"
         try:
-            validate_job_config(config, "")
+            set_dotted(config, "trainer.seed", seeds[0], "")
+            _check_run(validate_job_config, config, "")
         except ValueError as e:
-            base_error = (f"{exp.source}: {base} with the file's overrides", str(e).removeprefix(": "))
+            base_problem = str(e).removeprefix(": ")
 
     runs = {}
     for arm, overrides in exp.arms.items():
@@ -332,21 +345,23 @@ def plan_runs(exp: Experiment, seeds: list[int], output_dir: Path) -> dict[str, 
             run = f"{arm}/seed{seed}"
             where = f"{exp.source}: arm {arm}, seed {seed}"
             config = copy.deepcopy(exp.base)
-            for key, value in overrides.items():
-                set_dotted(config, key, value, f"{exp.source}: arms.{arm}")
-            set_dotted(config, "trainer.seed", seed, where)
+            try:
+                for key, value in overrides.items():
+                    set_dotted(config, key, value, f"{exp.source}: arms.{arm}")
+            except ValueError:
+                if base_problem is not None:  # e.g. eval.n_samples into a base whose eval is not a section
+                    raise ValueError(f"{base_where}: {base_problem}") from None
+                raise
             config["output_dir"] = str(output_dir / arm / f"seed{seed}")
             try:
-                validate_job_config(config, where)
-            except ValueError as e:  # the base's own fault, which the arm did not mend: name the base
-                if base_error is not None and str(e) == f"{where}: {base_error[1]}":
-                    raise ValueError(f"{base_error[0]}: {base_error[1]}") from None
-                raise
-            steps = config["trainer"].get("max_steps")
-            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-                raise ValueError(
-                    f"{where}: trainer.max_steps={steps!r} must be an integer >= 1 (the grid counts optimizer steps)"
-                )
+                set_dotted(config, "trainer.seed", seed, where)
+                _check_run(validate_job_config, config, where)
+            except ValueError as e:
+                if base_problem is None:
+                    raise
+                if str(e) == f"{where}: {base_problem}":  # the base's own fault, which the arm did not mend
+                    raise ValueError(f"{base_where}: {base_problem}") from None
+                raise ValueError(f"{e} (and on its own, {base_where}: {base_problem})") from None
             runs[run] = config
     return runs
 
