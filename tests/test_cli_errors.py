@@ -83,6 +83,29 @@ def test_a_key_given_twice_in_a_recipe_is_refused_with_its_line(tmp_path, capsys
     assert load_config(str(merged))[0]["trainer"] == {"lr": 3, "steps": 2}
 
 
+def test_a_config_path_in_another_folder_is_not_taken_for_the_shipped_file_of_that_name(tmp_path, capsys, monkeypatch):
+    """`--config /no/such/dir/rl_demo.yaml` (a typo in a path) silently ran the shipped rl_demo."""
+    from klear.config import CONFIG_DIR, find_config
+
+    missing = tmp_path / "nowhere" / "rl_demo.yaml"
+    with pytest.raises(FileNotFoundError, match=f"^config '{re.escape(str(missing))}' not found \\(no such file\\)$"):
+        find_config(missing)
+    assert main(["rl", "--config", str(missing), "--dry-run"]) == 2
+    assert "not found (no such file)" in capsys.readouterr().err
+    # the shipped file by its name, or as the repository shows it, from any folder
+    monkeypatch.chdir(tmp_path)
+    for name in ("rl_demo", "rl_demo.yaml", "configs/rl_demo.yaml", "./configs/rl_demo"):
+        assert find_config(name) == CONFIG_DIR / "rl_demo.yaml"
+
+
+def test_a_key_given_twice_on_the_command_line_is_refused():
+    """`trainer.max_steps=1 trainer.max_steps=2` kept the last silently."""
+    config = {"trainer": {"max_steps": 5}}
+    with pytest.raises(ValueError, match=r"^override 'trainer.max_steps=2': trainer.max_steps is already set by "):
+        apply_overrides(config, ["trainer.max_steps=1", "trainer.max_steps=2"])
+    assert apply_overrides(config, ["trainer.max_steps=1", "trainer.lr=2"])["trainer"] == {"max_steps": 1, "lr": 2}
+
+
 def test_a_mapping_override_merges_into_its_section():
     """`trainer={alpha: 0.2}` changes alpha and keeps the section's other keys (it used to replace the section)."""
     config = {"trainer": {"learning_rate": 3e-5, "alpha": 0.1, "sub": {"a": 1, "b": 2}}, "model": "m"}

@@ -68,14 +68,18 @@ def yaml_error_line(e: yaml.YAMLError) -> str:
 
 def find_config(name_or_path: str | Path, directory: Path = CONFIG_DIR, what: str = "config") -> Path:
     """Resolve a config: an existing path, or the name of a file shipped with klear in ``directory``
-    (``rl_demo`` in ``configs/``; ``klear experiment`` passes ``configs/experiments``).
+    (``rl_demo`` in ``configs/``; ``klear experiment`` passes ``configs/experiments``), given bare or under a
+    ``configs`` folder as the repository shows it (``configs/rl_demo.yaml`` works from any folder).
 
     Raises:
-        FileNotFoundError: neither exists; lists the shipped names.
+        FileNotFoundError: neither exists (a path in any other folder is not taken for a shipped file of the same
+            name); lists the shipped names.
     """
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.parent != Path(".") and "configs" not in path.parent.parts:
+        raise FileNotFoundError(f"{what} {str(name_or_path)!r} not found (no such file)")
     for candidate in (directory / path.name, directory / f"{path.name}.yaml"):
         if candidate.is_file():
             return candidate
@@ -173,11 +177,17 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
     """Return a deep copy of ``config`` with each ``key=value`` override applied (:func:`set_key`).
 
     Raises:
-        ValueError: a malformed override, or one that descends into a non-mapping value.
+        ValueError: a malformed override, one that descends into a non-mapping value, or a key given twice (the
+            first would be silently lost, as a key repeated in a YAML file is refused).
     """
     out = copy.deepcopy(config)
+    seen: dict[str, str] = {}
     for text in overrides:
         parts, value = parse_override(text)
+        key = ".".join(parts)
+        if key in seen:
+            raise ValueError(f"override {text!r}: {key} is already set by {seen[key]!r}; give each key once")
+        seen[key] = text
         set_key(out, parts, value, f"override {text!r}")
     return out
 
