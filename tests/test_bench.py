@@ -4,6 +4,8 @@ recipe as ``model: bench:<name>`` and run by ``klear experiment`` through the CL
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -154,6 +156,68 @@ def test_a_model_another_process_is_building_is_waited_for_and_listed_as_buildin
         holder.kill()
     assert klear_main(["bench", "list"]) == 0
     assert "bench:tiny  tiny test spec  [built, accuracy " in capsys.readouterr().out  # the lock is free again
+
+
+def test_force_rebuilds_under_the_lock_and_a_killed_builds_work_folder_is_removed(tiny_bench, monkeypatch, capsys):
+    """`klear bench build --force` removed the model before taking the lock (while another process might be using or
+    building it); a build killed by SIGTERM left its `.bench-<name>-*` work folder behind for good."""
+    import subprocess
+    import sys
+
+    target = embedded.bench_model_dir("tiny")
+    target.mkdir(parents=True)
+    (target / embedded.BENCH_MARKER).write_text(json.dumps({"key": TINY.key()}))
+    stale = target.parent / ".bench-tiny-abc123_x"
+    other = target.parent / ".bench-tiny-other-abc123"  # another model's (a name with '-'): not ours to remove
+    for folder in (stale, other):
+        (folder / "sft").mkdir(parents=True)
+    lock = bench.build_lock_path("tiny", target)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from filelock import FileLock; held = FileLock({str(lock)!r}); held.acquire(); input()",
+        ],
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not bench._building("tiny", target):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        built = []
+        record = {"accuracy": 0.5, "parameters": 1, "build_seconds": 1, "accuracy_measure": "m"}
+        monkeypatch.setattr(bench, "build_bench_model", lambda name, t: built.append(t.exists()) or record)
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (klear_main(["bench", "build", "tiny", "--force"]), done.set()))
+        worker.start()
+        time.sleep(1.0)
+        assert not done.is_set() and target.exists() and stale.exists()  # waiting: nothing removed yet
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        worker.join(timeout=30)
+        assert done.is_set()
+    finally:
+        holder.kill()
+    assert built == [False]  # rebuilt, from an empty place, once the lock was ours
+    assert not stale.exists() and other.exists()
+    assert "waiting for another process building bench model 'tiny'" in capsys.readouterr().out
+
+
+def test_an_unusable_cache_or_lock_is_a_one_line_error(tiny_bench, capsys):
+    models = embedded.bench_model_dir("tiny").parent
+    models.parent.mkdir(parents=True)
+    models.write_text("not a folder")
+    assert klear_main(["bench", "build", "tiny"]) == 2
+    assert f"bench model 'tiny': cannot use {models} as the models folder: " in capsys.readouterr().err
+    models.unlink()
+    lock = bench.build_lock_path("tiny", embedded.bench_model_dir("tiny"))
+    lock.mkdir(parents=True)  # a folder where the lock file goes
+    for argv in (["bench", "build", "tiny"], ["bench", "list"]):
+        assert klear_main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"bench model 'tiny': cannot use the build lock {lock}: " in err[0], err
 
 
 def test_unknown_and_unbuilt_bench_models_name_the_fix(tiny_bench, monkeypatch):

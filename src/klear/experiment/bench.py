@@ -334,16 +334,23 @@ def build_lock_path(name: str, target: Path) -> Path:
 
 
 def _building(name: str, target: Path) -> bool:
-    """Whether another process holds ``name``'s build lock now."""
+    """Whether another process holds ``name``'s build lock now.
+
+    Raises:
+        ValueError: the lock file cannot be used (e.g. a folder in its place), naming it.
+    """
     from filelock import FileLock, Timeout
 
-    if not build_lock_path(name, target).exists():
+    path = build_lock_path(name, target)
+    if not path.exists():
         return False
     try:
-        with FileLock(str(build_lock_path(name, target)), timeout=0):
+        with FileLock(str(path), timeout=0):
             return False
     except Timeout:
         return True
+    except OSError as e:
+        raise ValueError(f"bench model {name!r}: cannot use the build lock {path}: {e.strerror or e}") from None
 
 
 def build_bench_model(name: str, target: Path, *, work_dir: Path | None = None, check_band: bool = True) -> dict:
@@ -425,13 +432,15 @@ def _built_record(marker: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
-def ensure_bench_model(name: str) -> Path:
+def ensure_bench_model(name: str, *, force: bool = False) -> Path:
     """The folder of bench model ``name``, built first unless it is cached with its current spec. Prints a line
     before and after building. One process builds a model at a time (:func:`build_lock_path`); another that needs it
-    meanwhile waits, then takes the model that process built.
+    meanwhile waits, then takes the model that process built. Holding the lock it removes what killed builds of
+    ``name`` left (their temporary folders). ``force``: remove the model and build it again (under the lock).
 
     Raises:
-        ValueError: an unknown name. BenchBuildError: as :func:`build_bench_model`.
+        ValueError: an unknown name, or a cache whose ``models`` path or lock file cannot be used (named).
+        BenchBuildError: as :func:`build_bench_model`.
     """
     from filelock import FileLock, Timeout
 
@@ -441,16 +450,34 @@ def ensure_bench_model(name: str) -> Path:
     target = bench_model_dir(name)
     marker = target / BENCH_MARKER
     record = _built_record(marker)
-    if record is not None and record.get("key") == spec.key():
+    if not force and record is not None and record.get("key") == spec.key():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(build_lock_path(name, target)))
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        print(f"waiting for another process building bench model {name!r} ({build_log_path(name, target)})", flush=True)
-        lock.acquire()
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(
+            f"bench model {name!r}: cannot use {target.parent} as the models folder: {e.strerror or e}"
+        ) from None
+    lock_path = build_lock_path(name, target)
+    lock = FileLock(str(lock_path))
     try:
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            print(
+                f"waiting for another process building bench model {name!r} ({build_log_path(name, target)})",
+                flush=True,
+            )
+            lock.acquire()
+    except OSError as e:
+        raise ValueError(f"bench model {name!r}: cannot use the build lock {lock_path}: {e.strerror or e}") from None
+    try:
+        prefix = f".bench-{name}-"  # build_bench_model's work folders: this prefix and mkdtemp's suffix (no '-')
+        for stale in target.parent.glob(f"{prefix}*"):  # a killed build's (none runs now: the lock is ours)
+            if "-" not in stale.name[len(prefix) :]:
+                shutil.rmtree(stale, ignore_errors=True)
+        if force:
+            shutil.rmtree(target, ignore_errors=True)
         record = _built_record(marker)  # built by the process we waited for
         if record is not None and record.get("key") == spec.key():
             return target
@@ -520,8 +547,5 @@ def _run_cli(ns) -> int:
     if ns.name is None:
         raise ValueError("klear bench build needs a model name (klear bench list names them)")
     name = ns.name.removeprefix(BENCH_PREFIX)  # as recipes name it: bench:arith
-    _spec(name)
-    if ns.force:
-        shutil.rmtree(bench_model_dir(name), ignore_errors=True)
-    print(ensure_bench_model(name))
+    print(ensure_bench_model(name, force=ns.force))
     return 0
