@@ -343,3 +343,25 @@ def test_gpu_experiments_fit_one_80gb_gpu_on_their_checkpoints_context(tmp_path,
             assert "context 32768 tokens; no weights loaded" in out and "raised" not in out, (file.stem, run)
             tokens = 512 + config["trainer"]["max_completion_length"]
             assert f"sequences planned at {tokens} tokens (--prompt-tokens 512 + max_completion_length)" in out
+
+
+def test_dry_run_on_an_empty_cache_writes_nothing_and_plans_as_after_conversion(tmp_path, monkeypatch, capsys):
+    """`--dry-run` (its help: "nothing is written") converted the embedded model into the cache (517 MB) and, for a
+    bench recipe, started the bench model's 5-minute build."""
+    from klear.cli import main
+    from klear.models.embedded import embedded_model_path
+
+    argv = ["rl", "--config", "rl_demo", "--dry-run", "--gpus", "1", "--gpu-memory-gb", "80"]
+    embedded_model_path()  # the session's cache, converted (as the other tests use it)
+    assert main([*argv, f"output_dir={tmp_path / 'run1'}"]) == 0
+    converted = capsys.readouterr().out
+    empty = tmp_path / "cache"
+    empty.mkdir()
+    monkeypatch.setenv("KLEAR_CACHE", str(empty))
+    assert main([*argv, f"output_dir={tmp_path / 'run2'}"]) == 0  # the config read from the GGUF file
+    from_gguf = capsys.readouterr().out
+    assert "memory plan per GPU" in from_gguf and from_gguf.replace("run2", "run1") == converted
+    assert main(["rl", "--config", "rl_bench_arith", "--dry-run", "--gpus", "1", "--gpu-memory-gb", "80"]) == 2
+    err = capsys.readouterr().err
+    assert "model 'bench:arith' is not built" in err and "a dry run builds nothing): klear bench build arith" in err
+    assert list(empty.iterdir()) == [] and not (tmp_path / "run2").exists()

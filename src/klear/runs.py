@@ -1152,7 +1152,8 @@ def dry_run(
     strategy: str | None = None,
     prompt_tokens: int | None = None,
 ) -> Any:
-    """``klear rl|sft --dry-run``: print the per-GPU memory plan of a validated recipe; no weights load.
+    """``klear rl|sft --dry-run``: print the per-GPU memory plan of a validated recipe; no weights load, nothing is
+    written (:func:`klear.models.embedded.plan_model_config`).
 
     The model's config (``config.json`` only) gives the sizes. Defaults: the launch's strategy and process
     count (:func:`launch_strategy`; with no launcher, this machine's GPU count), this machine's GPU memory.
@@ -1167,18 +1168,19 @@ def dry_run(
 
     Raises:
         ValueError: no GPU here and no ``gpu_memory_gb``; bad numbers (one line).
-        FileNotFoundError: the model's config cannot be read (:func:`klear.models.embedded.load_model_config`).
+        FileNotFoundError: the model's config cannot be read, or a bench model is not built
+            (:func:`klear.models.embedded.plan_model_config`).
     """
     import torch
 
     from klear.config import accelerate_config_file, load_yaml
     from klear.memory import STRATEGIES
-    from klear.models.embedded import load_model_config, resolve_model_path
+    from klear.models.embedded import plan_model_config
 
     _, _, args = trainer_arguments(
         config, source=source, config_cls=config_cls, trainer_defaults=trainer_defaults, machine_checks=False
     )
-    model_config = load_model_config(resolve_model_path(str(config["model"])))
+    model_config = plan_model_config(str(config["model"]))  # nothing converted, built or written
     context, checkpoint_context = run_context(config, model_config)
     launched, launched_processes = launch_strategy()
     if gpus is None:

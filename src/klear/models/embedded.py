@@ -146,6 +146,37 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(Path(name_or_path).expanduser()) if looks_local else name_or_path
 
 
+def plan_model_config(name_or_path: str):
+    """The ``AutoConfig`` of the model a recipe names, for a plan (``--dry-run``): nothing is converted, built or
+    written. The embedded model's comes from its GGUF file until it is converted; a bench model's once it is built.
+
+    Raises:
+        FileNotFoundError: as :func:`resolve_model_path` and :func:`load_model_config`; a bench model that is not
+            built (naming the command that builds it).
+    """
+    if name_or_path.strip().lower() in EMBEDDED_ALIASES:
+        converted = cache_dir() / "models" / EMBEDDED_MODEL_NAME
+        if (converted / _MARKER).is_file():
+            return load_model_config(str(converted))
+        from transformers import AutoConfig
+
+        src = gguf_path()
+        config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # as the conversion saves it
+        return config
+    if name_or_path.startswith(BENCH_PREFIX):
+        name = name_or_path[len(BENCH_PREFIX) :]
+        folder = bench_model_dir(name)
+        if not (folder / BENCH_MARKER).is_file():
+            raise FileNotFoundError(
+                f"model {name_or_path!r} is not built (expected {folder}; a dry run builds nothing): klear bench build "
+                f"{name}"
+            )
+        return load_model_config(str(folder))
+    return load_model_config(resolve_model_path(name_or_path))
+
+
 def load_model_config(model_path: str):
     """The ``AutoConfig`` of a checkpoint folder or hub id (only its ``config.json`` is read, no weights).
 
