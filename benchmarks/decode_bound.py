@@ -176,6 +176,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.tokens < 2:
         parser.error("--tokens must be at least 2 (one decode step after the prefill's token)")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     model, tok, ids, group, temperature = _workload()
     rows = len(ids) * group
     print(
