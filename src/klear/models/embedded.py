@@ -59,6 +59,11 @@ def gguf_path() -> Path:
     return path
 
 
+def _embedded_dir(cache: str | os.PathLike | None = None) -> Path:
+    """Where the converted embedded model lives: ``<cache>/models/SmolLM2-135M-Instruct``."""
+    return (Path(cache) if cache is not None else cache_dir()) / "models" / EMBEDDED_MODEL_NAME
+
+
 def embedded_model_path(cache: str | os.PathLike | None = None) -> Path:
     """Return a normal HF checkpoint directory of the embedded model, converting it on first use.
 
@@ -74,8 +79,7 @@ def embedded_model_path(cache: str | os.PathLike | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    root = Path(cache) if cache is not None else cache_dir()
-    target = root / "models" / EMBEDDED_MODEL_NAME
+    target = _embedded_dir(cache)
     if (target / _MARKER).is_file():
         return target
 
@@ -155,7 +159,7 @@ def plan_model_config(name_or_path: str):
             built (naming the command that builds it).
     """
     if name_or_path.strip().lower() in EMBEDDED_ALIASES:
-        converted = cache_dir() / "models" / EMBEDDED_MODEL_NAME
+        converted = _embedded_dir()
         if (converted / _MARKER).is_file():
             return load_model_config(str(converted))
         from transformers import AutoConfig
