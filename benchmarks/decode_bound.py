@@ -22,7 +22,9 @@ norms, rotary, activations, sampling, Python): the loop's step less its products
 ``dynamic=False``) against the same forward eager, ms per decode step (median over the steps after the first 3;
 greedy; 128 rows copied from the 16 prompts, no grouped prefill; the compile time is printed apart), and one
 layer's norm + MLP + residual (layer 0's modules, 128 rows) eager against compiled.
-Prints load average and CPU flags at start and end.
+Prints load average and CPU flags at start and end. OpenMP threads wait as under ``klear``'s commands
+(:func:`klear.precision.set_cpu_runtime_defaults`, printed): with the library's default spinning, other work on the
+machine inflated the timed-alone products 2-3x (a helper's run beside a CI run: products above the whole loop step).
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ import os
 import statistics
 import time
 
-import torch
+from klear.precision import set_cpu_runtime_defaults
 
-from _machine import cpu_flags
-from rollout import hf_generate
+WAIT_POLICY = set_cpu_runtime_defaults()  # before torch loads OpenMP: the threads wait as under klear's CLI
+
+import torch  # noqa: E402
+
+from _machine import cpu_flags  # noqa: E402
+from rollout import hf_generate  # noqa: E402
 
 
 def _workload():
@@ -182,7 +188,8 @@ def main() -> None:
     rows = len(ids) * group
     print(
         f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, flags: {cpu_flags()}, torch threads "
-        f"{torch.get_num_threads()}; {len(ids)} prompts x {group} = {rows} rows, {args.tokens} tokens forced",
+        f"{torch.get_num_threads()}, OpenMP wait: {WAIT_POLICY or 'set by the user'}; {len(ids)} prompts x {group} = "
+        f"{rows} rows, {args.tokens} tokens forced",
         flush=True,
     )
     plain, in_cache, fused = (_weights(model, f, s) for f, s in ((False, False), (False, True), (True, False)))
@@ -205,12 +212,23 @@ def main() -> None:
     budget = med["generate"] / 3
     products = med["products, streamed"]
     print(
-        f"\nloop / generate: {med['generate'] / med['loop']:.2f}x; 3x budget {budget:.1f} ms a step; the products "
-        f"alone {products:.1f} ms ({products / budget:.0%} of it), leaving {budget - products:.1f} ms for the rest, "
-        f"which takes {med['loop'] - products:.1f} ms in the loop today; fused projections "
+        f"\nthe loop's speed-up over generate: {med['generate'] / med['loop']:.2f}x; 3x budget {budget:.1f} ms a step; "
+        f"the products alone {products:.1f} ms ({products / budget:.0%} of it), leaving {budget - products:.1f} ms for "
+        f"the rest, which takes {med['loop'] - products:.1f} ms in the loop today; fused projections "
         f"{products / med['products, fused']:.2f}x the separate ones; weights in cache "
         f"{products / med['products, in cache']:.2f}x streamed"
     )
+    spread = max(max(v) / min(v) for v in ms.values())
+    if spread > 1.25:
+        print(
+            f"WARNING: a measurement's rounds differ by up to {spread:.2f}x: the machine's load changed during the run"
+        )
+    if products >= med["loop"]:
+        print(
+            "WARNING: the products timed alone took longer than the loop's whole step: the machine's load changed "
+            f"between the measurements (load average now {os.getloadavg()}); these figures cannot be compared, rerun "
+            "on an idle machine"
+        )
     if args.compile:
         _compiled_static_cache(model, tok, ids, group, args.tokens)
         _compiled_mlp_block(model, rows)

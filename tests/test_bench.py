@@ -150,7 +150,9 @@ def test_a_model_another_process_is_building_is_waited_for_and_listed_as_buildin
         monkeypatch.setattr(bench, "build_bench_model", lambda *a, **k: pytest.fail("built a second time"))
         threading.Timer(1.0, lambda: (holder.stdin.write("go\n"), holder.stdin.flush())).start()
         assert bench.ensure_bench_model("tiny") == target  # waits, then takes the other process's model
-        assert "waiting for another process building bench model 'tiny'" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "waiting for another process building bench model 'tiny'" in out
+        assert f"bench model 'tiny': built by the other process; using {target}" in out
         assert holder.wait(timeout=30) == 0
     finally:
         holder.kill()

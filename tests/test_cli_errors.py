@@ -98,12 +98,10 @@ def test_a_config_path_in_another_folder_is_not_taken_for_the_shipped_file_of_th
         assert find_config(name) == CONFIG_DIR / "rl_demo.yaml"
 
 
-def test_a_key_given_twice_on_the_command_line_is_refused():
-    """`trainer.max_steps=1 trainer.max_steps=2` kept the last silently."""
+def test_a_key_given_twice_on_the_command_line_keeps_the_last():
+    """Overrides apply in order (scripts append to a shared list): the last value of a repeated key wins."""
     config = {"trainer": {"max_steps": 5}}
-    with pytest.raises(ValueError, match=r"^override 'trainer.max_steps=2': trainer.max_steps is already set by "):
-        apply_overrides(config, ["trainer.max_steps=1", "trainer.max_steps=2"])
-    assert apply_overrides(config, ["trainer.max_steps=1", "trainer.lr=2"])["trainer"] == {"max_steps": 1, "lr": 2}
+    assert apply_overrides(config, ["trainer.max_steps=1", "trainer.max_steps=2"])["trainer"] == {"max_steps": 2}
 
 
 def test_a_mapping_override_merges_into_its_section():

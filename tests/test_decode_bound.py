@@ -4,6 +4,7 @@ linear layers and the head (the bound it prints is only as good as that), its fu
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 @pytest.fixture(scope="module")
 def db():
     sys.path.insert(0, str(BENCH))  # the script imports its siblings _machine and rollout, as when run from benchmarks/
+    environ = dict(os.environ)  # the script sets klear's OpenMP wait policy on import: not for the other tests
     try:
         spec = importlib.util.spec_from_file_location("decode_bound", BENCH / "decode_bound.py")
         assert spec is not None and spec.loader is not None
@@ -23,6 +25,8 @@ def db():
         spec.loader.exec_module(module)
         yield module
     finally:
+        os.environ.clear()
+        os.environ.update(environ)
         sys.path.remove(str(BENCH))
         for name in ("_machine", "rollout"):
             sys.modules.pop(name, None)

@@ -235,6 +235,9 @@ def test_cli_dry_run_prints_the_plan(command, recipe, checkpoint, tmp_path, caps
     assert main([*common, "--strategy", "ddp", *overrides]) == 0
     out = capsys.readouterr().out
     assert "does NOT fit" in out and "fix: launch with --config_file configs/accelerate/zero3.yaml" in out
+    # klear rl plans the whole context unless told the prompts' length: the verdict of an upper bound says so
+    hint = "or first plan your data's longest prompt with --prompt-tokens N (this plan is the whole context)"
+    assert (hint in out) == (command == "rl")
     assert not (tmp_path / "run").exists()  # nothing written, no weights loaded (the safetensors file is text)
 
 

@@ -176,18 +176,15 @@ def set_key(config: dict[str, Any], parts: list[str], value: Any, where: str) ->
 def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a deep copy of ``config`` with each ``key=value`` override applied (:func:`set_key`).
 
+    Overrides apply in order: of a key given twice, the last wins (as with repeated command-line options; scripts
+    append to a shared list).
+
     Raises:
-        ValueError: a malformed override, one that descends into a non-mapping value, or a key given twice (the
-            first would be silently lost, as a key repeated in a YAML file is refused).
+        ValueError: a malformed override, or one that descends into a non-mapping value.
     """
     out = copy.deepcopy(config)
-    seen: dict[str, str] = {}
     for text in overrides:
         parts, value = parse_override(text)
-        key = ".".join(parts)
-        if key in seen:
-            raise ValueError(f"override {text!r}: {key} is already set by {seen[key]!r}; give each key once")
-        seen[key] = text
         set_key(out, parts, value, f"override {text!r}")
     return out
 

@@ -1228,7 +1228,10 @@ def dry_run(
     print(plan.table(), flush=True)
     print(batch_arithmetic(args, gpus), flush=True)
     if not plan.fits:
-        print(f"fix: {_plan_fix(config, args, model_config, plan, context, prompt_tokens)}", flush=True)
+        fix = _plan_fix(config, args, model_config, plan, context, prompt_tokens)
+        if hasattr(args, "num_generations") and prompt_tokens is None:  # the verdict of an upper bound
+            fix += "; or first plan your data's longest prompt with --prompt-tokens N (this plan is the whole context)"
+        print(f"fix: {fix}", flush=True)
     elif strategy in ("zero3", "fsdp2"):
         shipped = accelerate_config_file(strategy)
         processes = load_yaml(Path(shipped).read_text()).get("num_processes")

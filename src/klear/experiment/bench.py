@@ -460,6 +460,7 @@ def ensure_bench_model(name: str, *, force: bool = False) -> Path:
         ) from None
     lock_path = build_lock_path(name, target)
     lock = FileLock(str(lock_path))
+    waited = False
     try:
         try:
             lock.acquire(timeout=0)
@@ -469,6 +470,7 @@ def ensure_bench_model(name: str, *, force: bool = False) -> Path:
                 flush=True,
             )
             lock.acquire()
+            waited = True
     except OSError as e:
         raise ValueError(f"bench model {name!r}: cannot use the build lock {lock_path}: {e.strerror or e}") from None
     try:
@@ -480,6 +482,8 @@ def ensure_bench_model(name: str, *, force: bool = False) -> Path:
             shutil.rmtree(target, ignore_errors=True)
         record = _built_record(marker)  # built by the process we waited for
         if record is not None and record.get("key") == spec.key():
+            if waited:
+                print(f"bench model {name!r}: built by the other process; using {target}", flush=True)
             return target
         print(
             f"building bench model {name!r} in {target} (once; klear sft from scratch, its output in "
