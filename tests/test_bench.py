@@ -4,6 +4,8 @@ recipe as ``model: bench:<name>`` and run by ``klear experiment`` through the CL
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -121,10 +123,6 @@ def test_bench_list_refuses_a_name_or_force(tiny_bench, capsys):
 def test_a_model_another_process_is_building_is_waited_for_and_listed_as_building(tiny_bench, monkeypatch, capsys):
     """Two processes that needed the same unbuilt model (e.g. two `klear rl` runs started together on a fresh cache)
     each built it, 5 minutes apiece, into the same folder; `klear bench list` said "not built" meanwhile."""
-    import subprocess
-    import sys
-    import threading
-
     target = embedded.bench_model_dir("tiny")
     lock = bench.build_lock_path("tiny", target)
     target.parent.mkdir(parents=True)
@@ -163,9 +161,6 @@ def test_a_model_another_process_is_building_is_waited_for_and_listed_as_buildin
 def test_force_rebuilds_under_the_lock_and_a_killed_builds_work_folder_is_removed(tiny_bench, monkeypatch, capsys):
     """`klear bench build --force` removed the model before taking the lock (while another process might be using or
     building it); a build killed by SIGTERM left its `.bench-<name>-*` work folder behind for good."""
-    import subprocess
-    import sys
-
     target = embedded.bench_model_dir("tiny")
     target.mkdir(parents=True)
     (target / embedded.BENCH_MARKER).write_text(json.dumps({"key": TINY.key()}))

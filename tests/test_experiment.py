@@ -862,7 +862,7 @@ def test_a_fault_in_the_base_recipe_is_named_with_the_base_not_an_arm(unbuilt_be
     path = write_experiment(unbuilt_bench / "exp.yaml", "d", str(base), {"gppo": {}}, unbuilt_bench / "out")
     err = _one_line_error(capsys, ["experiment", "--config", str(path)])
     assert err.startswith(f"klear experiment: error: {path}: base {base} with the file's overrides: unknown key(s) ")
-    assert "'bogus_key' in 'trainer'" in err and "arm" not in err
+    assert "'bogus_key' in 'trainer'" in err and "arm gppo" not in err
     # a fault the arms do not share stays the arm's; one that every arm mends is no fault
     path = _bench_experiment(unbuilt_bench, arms={"gppo": {}, "b": {"trainer.bogus": 1}})
     assert f"{path}: arm b, seed 0: unknown key(s) 'bogus' in 'trainer'" in _one_line_error(
