@@ -4,7 +4,9 @@ varies within a group, and a probe of resumed training runs."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -185,6 +187,28 @@ def assert_error_names_file_and_line(read, path: Path, content: str, needle: str
     with pytest.raises(ValueError) as e:
         read(path)
     assert str(path) + needle in str(e.value)
+
+
+@contextlib.contextmanager
+def benchmark_module(name: str, siblings: tuple[str, ...] = ("_machine",)):
+    """``benchmarks/<name>.py`` imported as a module, with ``benchmarks/`` on ``sys.path`` as when the script runs from
+    there (it imports its ``siblings`` by name); ``sys.path``, ``os.environ`` (a script may set OpenMP variables on
+    import) and the siblings' modules are restored on exit."""
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    environ = dict(os.environ)
+    try:
+        spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path.remove(str(bench))
+        for sibling in siblings:
+            sys.modules.pop(sibling, None)
 
 
 def small_llama_config(**kw):

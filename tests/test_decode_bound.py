@@ -3,33 +3,16 @@ linear layers and the head (the bound it prints is only as good as that), its fu
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import benchmark_module, decoder_config
 
 
 @pytest.fixture(scope="module")
 def db():
-    sys.path.insert(0, str(BENCH))  # the script imports its siblings _machine and rollout, as when run from benchmarks/
-    environ = dict(os.environ)  # the script sets klear's OpenMP wait policy on import: not for the other tests
-    try:
-        spec = importlib.util.spec_from_file_location("decode_bound", BENCH / "decode_bound.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with benchmark_module("decode_bound", siblings=("_machine", "rollout")) as module:
         yield module
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        sys.path.remove(str(BENCH))
-        for name in ("_machine", "rollout"):
-            sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +20,7 @@ def model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=101,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(decoder_config(LlamaConfig, 101, 64, 3, 4, 2, 96, tie_word_embeddings=True)).eval()
 
 
 def test_streamed_products_are_every_linear_weight_once(db, model):

@@ -3,29 +3,18 @@ run through the script's own phase functions (GQA and a head_dim that is not hid
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def rf():
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling _machine, as when run from benchmarks/
-    try:
-        spec = importlib.util.spec_from_file_location("roofline", BENCH / "roofline.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with benchmark_module("roofline") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCH))
-        sys.modules.pop("_machine", None)
 
 
 def tiny_llama():
